@@ -1,0 +1,117 @@
+"""Tests of chapter 8's saved functions (agentrl.ppo)."""
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import agentrl as arl
+
+MODES = ('token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum', 'constant')
+
+
+def _hand_case():
+    ratios = torch.tensor([[0.5, 0.9, 1.1, 1.5]], dtype=torch.float64)
+    return ratios.log(), torch.zeros(1, 4, dtype=torch.float64), torch.tensor([[-1.0, -1.0, 1.0, 1.0]]), \
+        torch.ones(1, 4)
+
+
+def test_ppo_known_values_and_gradient():
+    logp, old, adv, mask = _hand_case()
+    logp.requires_grad_()
+    loss, stats = arl.ppo_policy_loss(logp, old, adv, mask, 0.2, 0.2, 'token_mean')
+    assert loss.item() == pytest.approx(-(-0.8 - 0.9 + 1.1 + 1.2) / 4)
+    assert stats['clip_frac'] == pytest.approx(0.5)
+    assert stats['clip_low_frac'] == pytest.approx(0.25) and stats['clip_high_frac'] == pytest.approx(0.25)
+    assert stats['ratio_min'] == pytest.approx(0.5) and stats['ratio_max'] == pytest.approx(1.5)
+    k3 = [r - 1 - math.log(r) for r in (0.5, 0.9, 1.1, 1.5)]
+    assert stats['approx_kl'] == pytest.approx(sum(k3) / 4)
+    assert all(isinstance(v, float) for v in stats.values())
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([0.0, 0.9 / 4, -1.1 / 4, 0.0])
+
+
+def test_asymmetric_bounds():
+    logp, old, adv, mask = _hand_case()
+    _, stats = arl.ppo_policy_loss(logp, old, adv, mask, clip_low=0.6, clip_high=0.6, loss_mode='token_mean')
+    assert stats['clip_frac'] == 0.0
+    _, stats = arl.ppo_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.6, loss_mode='token_mean')
+    assert stats['clip_low_frac'] == pytest.approx(0.25) and stats['clip_high_frac'] == 0.0
+
+
+def test_harmful_direction_is_not_clipped():
+    # A < 0 and ratio > 1 + eps, A > 0 and ratio < 1 - eps: the unclipped term is the smaller one
+    logp = torch.tensor([[math.log(2.0), math.log(0.3)]], dtype=torch.float64, requires_grad=True)
+    loss, stats = arl.ppo_policy_loss(logp, torch.zeros(1, 2, dtype=torch.float64), torch.tensor([[-1.0, 1.0]]),
+                                      torch.ones(1, 2), 0.2, 0.2, 'token_mean')
+    assert stats['clip_frac'] == 0.0
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([2.0 / 2, -0.3 / 2])
+
+
+def test_sequence_advantages_broadcast_and_mask():
+    logp = torch.tensor([[0.1, 0.2, 9.0], [0.3, 9.0, 9.0]], dtype=torch.float64)
+    old = logp.clone()
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    a1, s1 = arl.ppo_policy_loss(logp, old, torch.tensor([2.0, -1.0]), mask, 0.2, 0.2, 'token_mean')
+    a2, s2 = arl.ppo_policy_loss(logp, old, torch.tensor([[2.0, 2.0, 2.0], [-1.0, -1.0, -1.0]]), mask,
+                                 0.2, 0.2, 'token_mean')
+    assert a1.item() == pytest.approx(a2.item()) == pytest.approx(-(2 + 2 - 1) / 3)
+    assert s1 == s2
+
+
+def test_empty_mask_is_finite():
+    loss, stats = arl.ppo_policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(2), torch.zeros(2, 3),
+                                      0.2, 0.2, 'token_mean')
+    assert loss.item() == 0.0 and stats['clip_frac'] == 0.0 and stats['ratio_min'] == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.sampled_from(MODES), st.data())
+def test_ratio_one_gives_minus_aggregate_and_no_clipping(b, t, mode, data):
+    draw = lambda lo, hi, n: torch.tensor(data.draw(st.lists(st.floats(lo, hi), min_size=n, max_size=n)),
+                                          dtype=torch.float64)
+    logp = draw(-5, 0, b * t).view(b, t)
+    adv = draw(-3, 3, b)
+    mask = torch.tensor(data.draw(st.lists(st.integers(0, 1), min_size=b * t, max_size=b * t))).view(b, t)
+    loss, stats = arl.ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2, 0.28, mode, norm_const=4.0)
+    expected = -arl.aggregate_loss(adv[:, None].expand(b, t), mask, mode, norm_const=4.0)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-9)
+    assert stats['clip_frac'] == 0.0 and stats['approx_kl'] == pytest.approx(0.0, abs=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.data())
+def test_ratio_one_gradient_is_reinforce(b, t, data):
+    draw = lambda lo, hi, n: torch.tensor(data.draw(st.lists(st.floats(lo, hi), min_size=n, max_size=n)),
+                                          dtype=torch.float64)
+    logp = draw(-5, 0, b * t).view(b, t).requires_grad_()
+    adv = draw(-3, 3, b * t).view(b, t)
+    mask = torch.ones(b, t)
+    loss, _ = arl.ppo_policy_loss(logp, logp.detach().clone(), adv, mask, 0.2, 0.2, 'seq_mean_token_sum')
+    loss.backward()
+    assert torch.allclose(logp.grad, -adv / b)
+
+
+def test_gradcheck_away_from_kinks():
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -0.2, -1.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.05, -0.9, -2.0], [-0.31, 0.3, -1.5]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    for mode in MODES:
+        assert torch.autograd.gradcheck(
+            lambda x: arl.ppo_policy_loss(x, old, adv, mask, 0.2, 0.2, mode, norm_const=6.0)[0], (logp,))
+
+
+def test_ppo_errors():
+    z = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match=r'\(2, 3\).*\(2, 2\)'):
+        arl.ppo_policy_loss(z, torch.zeros(2, 2), torch.zeros(2), z, 0.2, 0.2, 'token_mean')
+    with pytest.raises(ValueError, match=r'advantages.*\(3,\)'):
+        arl.ppo_policy_loss(z, z, torch.zeros(3), z, 0.2, 0.2, 'token_mean')
+    with pytest.raises(ValueError, match='bogus'):
+        arl.ppo_policy_loss(z, z, torch.zeros(2), z, 0.2, 0.2, 'bogus')
+    with pytest.raises(ValueError, match='clip_low'):
+        arl.ppo_policy_loss(z, z, torch.zeros(2), z, 1.0, 0.2, 'token_mean')
+    with pytest.raises(ValueError, match='norm_const'):
+        arl.ppo_policy_loss(z, z, torch.zeros(2), z, 0.2, 0.2, 'constant')
