@@ -1,0 +1,134 @@
+# Generated from book/08-ppo.md by tools/tangle.py. Do not edit: edit the chapter and re-run the tangler.
+
+
+__all__ = [
+    'ppo_policy_loss',
+    'PPOConfig',
+    'ppo_update',
+    'train_ppo',
+]
+
+
+import torch
+import agentrl as arl
+
+
+def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=0.2, loss_mode='token_mean',
+                    norm_const=None):
+    """PPO clipped surrogate: logp, old_logp, mask [B, T]; advantages [B] or [B, T] -> (loss, stats)."""
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
+        raise ValueError(f'logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask '
+                         f'{tuple(mask.shape)} must share one shape [B, T]')
+    if advantages.shape not in (logp.shape, logp.shape[:1]):
+        raise ValueError(f'advantages has shape {tuple(advantages.shape)}; expected [B] = '
+                         f'{tuple(logp.shape[:1])} or [B, T] = {tuple(logp.shape)}')
+    if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
+        raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low!r}, {clip_high!r}')
+    adv = advantages.detach().to(logp.dtype)
+    adv = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
+    log_ratio = logp - old_logp.detach()
+    ratio = log_ratio.exp()
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = -arl.aggregate_loss(torch.minimum(unclipped, clipped), mask, loss_mode, norm_const)
+    return loss, _ppo_stats(ratio.detach(), log_ratio.detach(), adv, clipped < unclipped, mask)
+
+
+def _ppo_stats(ratio, log_ratio, adv, binds, mask):
+    """Python-float diagnostics of one clipped step over the masked tokens."""
+    keep = mask.bool()
+    frac = lambda b: arl.masked_mean(b.to(ratio.dtype), mask).item()
+    return dict(clip_frac=frac(binds), clip_high_frac=frac(binds & (adv > 0)),
+                clip_low_frac=frac(binds & (adv < 0)),
+                approx_kl=arl.masked_mean(ratio - 1 - log_ratio, mask).item(),
+                ratio_min=ratio[keep].min().item() if keep.any() else 1.0,
+                ratio_max=ratio[keep].max().item() if keep.any() else 1.0)
+
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PPOConfig:
+    """Settings of train_ppo: sampling, GAE, the clipped update and the critic's optimizer."""
+    tasks_per_step: int = 8
+    samples_per_task: int = 8      # attempts per task; consecutive in the batch
+    temperature: float = 1.0
+    max_turns: int = 6
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    loss_mode: str = 'token_mean'
+    epochs: int = 2
+    minibatches: int = 4
+    lr: float = 1e-3
+    critic_lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+
+def _whiten(adv, mask):
+    """Zero-mean, unit-variance advantages over masked tokens: [B, T] -> [B, T] (0 off the mask)."""
+    mean = arl.masked_mean(adv, mask)
+    std = arl.masked_mean((adv - mean) ** 2, mask).sqrt()
+    return torch.where(mask.bool(), (adv - mean) / (std + 1e-8), 0.0)
+
+
+def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=None):
+    """One PPO iteration (cfg.epochs x cfg.minibatches steps) on a collated batch -> dict of mean stats."""
+    ids, mask = batch['ids'], batch['action_mask']                       # [B, T], [B, T-1]
+    with torch.no_grad():
+        old_logp = arl.selected_log_probs(policy(ids)[:, :-1] / cfg.temperature, ids[:, 1:])
+        if critic is None:
+            adv = arl.group_advantages(batch['rewards'], cfg.samples_per_task)   # [B], one per episode
+            returns, values = None, None
+        else:
+            values = critic(ids)[:, :-1]
+            adv, returns = arl.gae_advantages(batch['rewards'], values, mask, cfg.gamma, cfg.lam)
+            adv = _whiten(adv, mask)
+    logs = []
+    for _ in range(cfg.epochs):
+        for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
+            logits = policy(ids[rows])[:, :-1] / cfg.temperature
+            logp = arl.selected_log_probs(logits, ids[rows, 1:])
+            loss, stats = ppo_policy_loss(logp, old_logp[rows], adv[rows], mask[rows], cfg.clip_low,
+                                          cfg.clip_high, cfg.loss_mode)
+            policy_opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            policy_opt.step()
+            stats['entropy'] = arl.masked_mean(arl.entropy_from_logits(logits.detach()), mask[rows]).item()
+            if critic is not None:
+                v_loss = arl.value_loss(critic(ids[rows])[:, :-1], returns[rows], mask[rows])
+                critic_opt.zero_grad()
+                v_loss.backward()
+                torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
+                critic_opt.step()
+                stats['value_loss'] = v_loss.item()
+            logs.append(stats)
+    out = {k: sum(s[k] for s in logs) / len(logs) for k in logs[0]}
+    if critic is not None:
+        out['explained_variance'] = arl.explained_variance(values, returns, mask)
+    return out
+
+
+def train_ppo(policy, tasks, tok, cfg, steps, critic=None, log_every=0):
+    """PPO on tasks, training policy (and critic, if given) in place -> history, one dict per step."""
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    policy_opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
+    critic_opt = None if critic is None else torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    history = []
+    for step in range(steps):
+        order = torch.randperm(len(tasks), generator=gen)[:cfg.tasks_per_step].tolist()
+        trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok, cfg.samples_per_task, gen,
+                                    max_turns=cfg.max_turns, temperature=cfg.temperature)
+        record = dict(step=step, **arl.episode_stats(trajs))
+        record.update(ppo_update(policy, critic, policy_opt, critic_opt, arl.collate(trajs, tok.pad_id), cfg, gen))
+        history.append(record)
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            ev = f" | expl. var {record['explained_variance']:+.3f}" if critic is not None else ''
+            print(f"step {step:3d} | pass {record['pass_rate']:.3f} | reads {record['reads']:.2f} | "
+                  f"clip_frac {record['clip_frac']:.4f} | approx_kl {record['approx_kl']:.4f}{ev}")
+    return history
