@@ -7,6 +7,10 @@ __all__ = [
     'entropy_from_logits',
     'LOSS_MODES',
     'aggregate_loss',
+    'episode_stats',
+    'sample_episodes',
+    'reinforce_step',
+    'train_reinforce',
 ]
 
 
@@ -62,3 +66,83 @@ def aggregate_loss(per_token, mask, mode, norm_const=None):
     if norm_const is None:
         raise ValueError("loss mode 'constant' needs norm_const (e.g. the largest possible token count)")
     return summed.sum() / norm_const
+
+
+import agentrl as arl
+
+
+def _fix_op(task_name):
+    """The repair op of a task named 'family/f'."""
+    return arl.FAMILIES[task_name.split('/')[0]]['fix_op']
+
+
+def _read_before_first_edit(actions):
+    """True if a 'read' call comes before the episode's first edit call (or there is no edit)."""
+    edits = [i for i, a in enumerate(actions) if a.startswith('edit')]
+    return 'read' in actions[:edits[0] if edits else len(actions)]
+
+
+def episode_stats(trajs):
+    """Per-episode averages over trajs: pass_rate, reward, reads, tests, edits, first_edit_right, ..."""
+    n = max(len(trajs), 1)
+    mean = lambda f: sum(float(f(t)) for t in trajs) / n
+    return dict(pass_rate=mean(lambda t: t.info['submitted'] and t.info['hidden_pass']),
+                reward=mean(lambda t: t.reward),
+                reads=mean(lambda t: t.info['actions'].count('read')),
+                tests=mean(lambda t: t.info['actions'].count('test')),
+                edits=mean(lambda t: len(t.info['ops'])),
+                first_edit_right=mean(lambda t: t.info['ops'][:1] == [_fix_op(t.info['task'])]),
+                read_first=mean(lambda t: _read_before_first_edit(t.info['actions'])),
+                turns=mean(lambda t: t.info['n_turns']),
+                length=mean(lambda t: t.action_mask.sum()))
+
+
+def sample_episodes(model, tasks, tok, samples_per_task, generator, max_turns=6, temperature=1.0,
+                    env_factory=None):
+    """samples_per_task consecutive episodes of every task, in lockstep -> list of Trajectory."""
+    env_factory = env_factory or (lambda: arl.BugFixEnv(max_turns))
+    batch_tasks = [task for task in tasks for _ in range(samples_per_task)]
+    envs = [env_factory() for _ in batch_tasks]
+    return arl.rollout_batch(model, envs, batch_tasks, tok, max_turns, temperature, generator)
+
+
+def reinforce_step(model, optimizer, trajs, tok, baseline='mean', loss_mode='seq_mean_token_sum',
+                   temperature=1.0, max_grad_norm=1.0):
+    """One REINFORCE update on a batch of episodes -> dict with loss, entropy and grad_norm."""
+    if baseline not in ('mean', 'none'):
+        raise ValueError(f"unknown baseline {baseline!r}; expected 'mean' or 'none'")
+    batch = arl.collate(trajs, tok.pad_id)
+    ids, mask, rewards = batch['ids'], batch['action_mask'], batch['rewards']      # [B, T], [B, T-1], [B]
+    adv = rewards - rewards.mean() if baseline == 'mean' else rewards
+    logits = model(ids)[:, :-1] / temperature                                        # [B, T-1, V]
+    logp = selected_log_probs(logits, ids[:, 1:])
+    loss = aggregate_loss(-adv[:, None].to(logp.dtype) * logp, mask, loss_mode,
+                          norm_const=mask.shape[0] * mask.shape[1])
+    optimizer.zero_grad()
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return dict(loss=loss.item(), grad_norm=float(grad_norm),
+                entropy=masked_mean(entropy_from_logits(logits.detach()), mask).item())
+
+
+def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task=8, lr=1e-3,
+                    baseline='mean', loss_mode='seq_mean_token_sum', max_turns=6, temperature=1.0,
+                    seed=0, log_every=0):
+    """REINFORCE on tasks; trains model in place -> history, one dict of statistics per step."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    history = []
+    for step in range(steps):
+        order = torch.randperm(len(tasks), generator=gen)[:tasks_per_step].tolist()
+        trajs = sample_episodes(model, [tasks[i] for i in order], tok, samples_per_task, gen,
+                                max_turns=max_turns, temperature=temperature)
+        record = dict(step=step, **episode_stats(trajs))
+        record.update(reinforce_step(model, optimizer, trajs, tok, baseline, loss_mode, temperature))
+        history.append(record)
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            print(f"step {step:3d} | pass {record['pass_rate']:.3f} | reads {record['reads']:.2f} | "
+                  f"edits {record['edits']:.2f} | first edit right {record['first_edit_right']:.2f} | "
+                  f"entropy {record['entropy']:.3f}")
+    return history
