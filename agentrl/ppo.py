@@ -6,6 +6,8 @@ __all__ = [
     'PPOConfig',
     'ppo_update',
     'train_ppo',
+    'saved_tensor_bytes',
+    'training_state_bytes',
 ]
 
 
@@ -75,7 +77,7 @@ def _whiten(adv, mask):
     return torch.where(mask.bool(), (adv - mean) / (std + 1e-8), 0.0)
 
 
-def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=None):
+def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=None, monitor=None):
     """One PPO iteration (cfg.epochs x cfg.minibatches steps) on a collated batch -> dict of mean stats."""
     ids, mask = batch['ids'], batch['action_mask']                       # [B, T], [B, T-1]
     with torch.no_grad():
@@ -94,6 +96,8 @@ def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=Non
             logp = arl.selected_log_probs(logits, ids[rows, 1:])
             loss, stats = ppo_policy_loss(logp, old_logp[rows], adv[rows], mask[rows], cfg.clip_low,
                                           cfg.clip_high, cfg.loss_mode)
+            if monitor is not None:  # diagnostics hook: sees every minibatch's detached tensors
+                monitor(logp=logp.detach(), old_logp=old_logp[rows], advantages=adv[rows], mask=mask[rows])
             policy_opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
@@ -113,7 +117,7 @@ def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=Non
     return out
 
 
-def train_ppo(policy, tasks, tok, cfg, steps, critic=None, log_every=0):
+def train_ppo(policy, tasks, tok, cfg, steps, critic=None, log_every=0, monitor=None):
     """PPO on tasks, training policy (and critic, if given) in place -> history, one dict per step."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -125,10 +129,35 @@ def train_ppo(policy, tasks, tok, cfg, steps, critic=None, log_every=0):
         trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok, cfg.samples_per_task, gen,
                                     max_turns=cfg.max_turns, temperature=cfg.temperature)
         record = dict(step=step, **arl.episode_stats(trajs))
-        record.update(ppo_update(policy, critic, policy_opt, critic_opt, arl.collate(trajs, tok.pad_id), cfg, gen))
+        batch = arl.collate(trajs, tok.pad_id)
+        record.update(ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, gen, monitor))
         history.append(record)
         if log_every and (step % log_every == 0 or step == steps - 1):
             ev = f" | expl. var {record['explained_variance']:+.3f}" if critic is not None else ''
             print(f"step {step:3d} | pass {record['pass_rate']:.3f} | reads {record['reads']:.2f} | "
                   f"clip_frac {record['clip_frac']:.4f} | approx_kl {record['approx_kl']:.4f}{ev}")
     return history
+
+
+def saved_tensor_bytes(fn, exclude=()):
+    """Run fn() -> (its result, bytes of the distinct tensors autograd saved, ignoring exclude's parameters)."""
+    skip = {p.untyped_storage().data_ptr() for m in exclude for p in m.parameters()}
+    seen = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, sum(seen.values())
+
+
+def training_state_bytes(module, optimizer):
+    """Bytes of module's parameters, their gradients (one per parameter) and optimizer's state tensors."""
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                if torch.is_tensor(t) and t.dim() > 0)
+    return dict(parameters=params, gradients=params, optimizer=state)
