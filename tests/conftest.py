@@ -1,0 +1,55 @@
+"""Shared fixtures: the repo root and copies of the fixture book (tests/fixtures/book)."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "tests" / "fixtures" / "book"
+sys.path.insert(0, str(REPO / "tools"))
+
+
+def copy_fixture(dest: Path) -> Path:
+    """A fresh copy of the fixture book at dest, with the real _config.yml and _static."""
+    shutil.copytree(FIXTURE, dest, ignore=shutil.ignore_patterns("_build", "agentrl", "recorded",
+                                                                 "__pycache__"))
+    shutil.copy(REPO / "_config.yml", dest / "_config.yml")
+    shutil.copytree(REPO / "_static", dest / "_static")
+    return dest
+
+
+def run_tool(tool: str, *args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "tools" / tool), *args],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def book(tmp_path) -> Path:
+    """A writable copy of the fixture book (not tangled, not recorded)."""
+    return copy_fixture(tmp_path / "book")
+
+
+@pytest.fixture(scope="session")
+def recorded_book(tmp_path_factory) -> Path:
+    """The fixture book, tangled and recorded once per session (read-only for tests)."""
+    root = copy_fixture(tmp_path_factory.mktemp("recorded") / "book")
+    r = run_tool("record.py", "--root", str(root), "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return root
+
+
+@pytest.fixture
+def recorded_copy(recorded_book, tmp_path) -> Path:
+    """A writable copy of the recorded fixture book."""
+    dest = tmp_path / "book"
+    shutil.copytree(recorded_book, dest, ignore=shutil.ignore_patterns("_build", "__pycache__"))
+    return dest

@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""Tangle the book's ``#@save`` cells into the ``agentrl`` package.
+
+Usage::
+
+    python tools/tangle.py            # write agentrl/<module>.py and agentrl/__init__.py
+    python tools/tangle.py --check    # exit 1, naming drifted/missing/extra files, if out of sync
+    python tools/tangle.py --root DIR # run on another book (e.g. the test fixture)
+
+Book order.  The chapters are the ``book/NN-slug.md`` sources.  ``_toc.yml`` gives the book
+order of the published chapters (an entry ``book/recorded/NN-slug`` maps to the source
+``book/NN-slug.md``).  Chapter sources that exist in ``book/`` but are not (yet) listed in the
+toc are drafts: they are tangled too, placed by their number ``NN`` (a chapter must be tangled
+before it can be recorded, and it is recorded before it is added to the toc).  The toc must
+list chapters in increasing ``NN`` order.
+
+A cell is saved when its first code line is ``#@save``.  Each chapter that saves code names its
+module in its front matter (``agentrl: {module: gym}``).  The generated module starts with a
+header naming its chapter; ``agentrl/__init__.py`` (also generated) star-imports the modules in
+book order, so saved code may use ``arl.X`` for names of *earlier* chapters at import time.
+Files in ``agentrl/`` without the generated header are hand-written and never touched.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+GENERATED_MARK = "# Generated from "
+HEADER = (GENERATED_MARK + "{src} by tools/tangle.py. "
+          "Do not edit: edit the chapter and re-run the tangler.\n")
+CHAPTER_RE = re.compile(r"^(\d\d)-[a-z0-9][a-z0-9-]*\.md$")
+FENCE_RE = re.compile(r"^(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
+CODE_CELL_RE = re.compile(r"^\{code-cell\}")
+MODULE_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+PACKAGE = "agentrl"
+
+
+class TangleError(Exception):
+    """A problem in the chapters that stops the tangler; the message names chapter and cell."""
+
+
+@dataclass
+class Cell:
+    index: int          # 1-based index among the chapter's code cells
+    line: int           # 1-based line of the first code line in the chapter file
+    code: str           # code without the option block (and without #@save for saved cells)
+    saved: bool
+
+
+@dataclass
+class Chapter:
+    path: Path          # absolute path of book/NN-slug.md
+    rel: str            # "book/NN-slug.md"
+    number: int
+    in_toc: bool
+    module: str | None = None
+    cells: list[Cell] = field(default_factory=list)
+    exports: list[str] = field(default_factory=list)
+
+    @property
+    def saved(self) -> list[Cell]:
+        return [c for c in self.cells if c.saved]
+
+
+# ----------------------------------------------------------------------------- reading
+
+def toc_chapters(root: Path) -> list[str]:
+    """The chapter sources listed in ``_toc.yml``, in order, as ``book/NN-slug.md`` paths."""
+    toc_path = root / "_toc.yml"
+    if not toc_path.exists():
+        return []
+    toc = yaml.safe_load(toc_path.read_text()) or {}
+    files: list[str] = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                files.append(str(node["file"]))
+            for key in ("parts", "chapters", "sections"):
+                for child in node.get(key, []) or []:
+                    walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(toc)
+    out = []
+    for f in files:
+        f = re.sub(r"\.(ipynb|md)$", "", f)
+        m = re.match(r"^book/recorded/(\d\d-[a-z0-9-]+)$", f)
+        if m:
+            out.append(f"book/{m.group(1)}.md")
+    return out
+
+
+def split_front_matter(text: str) -> tuple[dict, int]:
+    """Return (front matter dict, number of lines it takes)."""
+    lines = text.split("\n")
+    if not lines or lines[0].strip() != "---":
+        return {}, 0
+    for i in range(1, len(lines)):
+        if lines[i].strip() == "---":
+            meta = yaml.safe_load("\n".join(lines[1:i])) or {}
+            return meta, i + 1
+    return {}, 0
+
+
+def parse_cells(text: str, rel: str) -> tuple[dict, list[Cell]]:
+    """Parse a MyST notebook: front matter and ``{code-cell}`` cells with their line numbers."""
+    meta, start = split_front_matter(text)
+    lines = text.split("\n")
+    cells: list[Cell] = []
+    i = start
+    while i < len(lines):
+        m = FENCE_RE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info = m.group("fence"), m.group("info").strip()
+        close = re.compile("^" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}\s*$")
+        j = i + 1
+        while j < len(lines) and not close.match(lines[j]):
+            j += 1
+        if j >= len(lines):
+            raise TangleError(f"{rel}:{i + 1}: fence {fence!r} is never closed")
+        if CODE_CELL_RE.match(info):
+            body = lines[i + 1:j]
+            k = 0
+            if body and body[0].strip() == "---":          # YAML option block
+                k = 1
+                while k < len(body) and body[k].strip() != "---":
+                    k += 1
+                k += 1
+            else:
+                while k < len(body) and re.match(r"^:[\w-]+:", body[k]):  # :key: value options
+                    k += 1
+            code_lines = body[k:]
+            first = next((n for n, ln in enumerate(code_lines) if ln.strip()), None)
+            saved = first is not None and code_lines[first].strip() == "#@save"
+            if saved:
+                code_lines = code_lines[first + 1:]
+                offset = k + first + 1
+            else:
+                offset = k
+            cells.append(Cell(index=len(cells) + 1, line=i + 2 + offset,
+                              code="\n".join(code_lines).strip("\n"), saved=saved))
+        i = j + 1
+    return meta, cells
+
+
+def discover(root: Path) -> list[Chapter]:
+    """All chapters in book order: toc chapters in toc order, drafts placed by number."""
+    listed = toc_chapters(root)
+    for rel in listed:
+        if not (root / rel).exists():
+            raise TangleError(f"_toc.yml lists {rel[:-3].replace('book/', 'book/recorded/')}, "
+                              f"but its source {rel} does not exist")
+    numbers = [int(Path(r).name[:2]) for r in listed]
+    if numbers != sorted(numbers) or len(set(numbers)) != len(numbers):
+        raise TangleError(f"_toc.yml lists chapters out of number order: {listed}")
+    found = sorted(p for p in (root / "book").glob("*.md") if CHAPTER_RE.match(p.name))
+    by_number: dict[int, Path] = {}
+    for p in found:
+        n = int(p.name[:2])
+        if n in by_number:
+            raise TangleError(f"two chapter sources share number {n:02d}: "
+                              f"book/{by_number[n].name} and book/{p.name}")
+        by_number[n] = p
+    chapters = []
+    for n in sorted(by_number):
+        p = by_number[n]
+        rel = f"book/{p.name}"
+        ch = Chapter(path=p, rel=rel, number=n, in_toc=rel in listed)
+        meta, ch.cells = parse_cells(p.read_text(encoding="utf-8"), rel)
+        module = ((meta.get("agentrl") or {}).get("module")
+                  if isinstance(meta.get("agentrl"), dict) else None)
+        if module is not None:
+            module = str(module)
+            if not MODULE_RE.match(module) or module == "__init__":
+                raise TangleError(f"{rel}: front matter agentrl.module {module!r} is not a valid "
+                                  f"module name (lowercase letters, digits, underscores)")
+        ch.module = module
+        if ch.saved and not module:
+            c = ch.saved[0]
+            raise TangleError(f"{rel}: code cell {c.index} (line {c.line}) is #@save but the "
+                              f"front matter has no 'agentrl: module: <name>'")
+        chapters.append(ch)
+    return chapters
+
+
+# ----------------------------------------------------------------------------- analysis
+
+def _top_level_names(tree: ast.Module) -> list[str]:
+    names: list[str] = []
+
+    def add_target(t):
+        if isinstance(t, ast.Name):
+            names.append(t.id)
+        elif isinstance(t, (ast.Tuple, ast.List)):
+            for e in t.elts:
+                add_target(e)
+        elif isinstance(t, ast.Starred):
+            add_target(t.value)
+
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign):
+            for t in node.targets:
+                add_target(t)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            add_target(node.target)
+    return names
+
+
+class _ImportTimeUses(ast.NodeVisitor):
+    """Collect ``arl.X`` / ``from agentrl import X`` uses, split into import-time and run-time.
+
+    Import time is everything executed when the module is imported: module-level statements,
+    class bodies, decorators, default arguments and annotations; function and lambda bodies
+    run later.
+    """
+
+    def __init__(self, aliases: set[str]):
+        self.aliases = aliases
+        self.uses: list[tuple[str, int, bool]] = []   # (name, lineno, at_import_time)
+        self.depth = 0                                 # >0 inside a function body
+
+    def visit_Import(self, node):
+        for a in node.names:
+            if a.name == PACKAGE:
+                self.aliases.add(a.asname or a.name)
+
+    def visit_ImportFrom(self, node):
+        mod = node.module or ""
+        if node.level == 0 and (mod == PACKAGE or mod.startswith(PACKAGE + ".")):
+            for a in node.names:
+                if a.name != "*":
+                    self.uses.append((a.name, node.lineno, self.depth == 0))
+
+    def visit_Attribute(self, node):
+        if isinstance(node.value, ast.Name) and node.value.id in self.aliases:
+            self.uses.append((node.attr, node.lineno, self.depth == 0))
+        self.generic_visit(node)
+
+    def _function(self, node):
+        for d in node.decorator_list:
+            self.visit(d)
+        self.visit(node.args)                     # defaults and annotations run at def time
+        if getattr(node, "returns", None) is not None:
+            self.visit(node.returns)
+        self.depth += 1
+        for stmt in node.body:
+            self.visit(stmt)
+        self.depth -= 1
+
+    visit_FunctionDef = _function
+    visit_AsyncFunctionDef = _function
+
+    def visit_arg(self, node):
+        if node.annotation is not None:
+            self.visit(node.annotation)
+
+    def visit_arguments(self, node):
+        for d in list(node.defaults) + [d for d in node.kw_defaults if d is not None]:
+            self.visit(d)
+        for a in node.posonlyargs + node.args + node.kwonlyargs:
+            self.visit(a)
+        if node.vararg:
+            self.visit(node.vararg)
+        if node.kwarg:
+            self.visit(node.kwarg)
+
+    def visit_Lambda(self, node):
+        self.visit(node.args)
+        self.depth += 1
+        self.visit(node.body)
+        self.depth -= 1
+
+
+def analyse(chapters: list[Chapter]) -> list[str]:
+    """Parse saved cells, compute exports, and check cross-chapter rules.
+
+    Raises TangleError on the first hard error; returns a list of warnings.
+    """
+    warnings: list[str] = []
+    owner: dict[str, tuple[Chapter, Cell]] = {}
+    modules: dict[str, Chapter] = {}
+    trees: dict[int, list[tuple[Cell, ast.Module]]] = {}
+    for ch in chapters:
+        if ch.module:
+            if ch.module in modules:
+                raise TangleError(f"{ch.rel} and {modules[ch.module].rel} both name module "
+                                  f"'{ch.module}' in their front matter")
+            modules[ch.module] = ch
+        parsed = []
+        exports: list[str] = []
+        for cell in ch.saved:
+            try:
+                tree = ast.parse(cell.code, filename=ch.rel)
+            except SyntaxError as e:
+                line = cell.line + (e.lineno or 1) - 1
+                raise TangleError(f"{ch.rel}: saved code cell {cell.index} (line {line}) does "
+                                  f"not parse: {e.msg}") from None
+            parsed.append((cell, tree))
+            for name in _top_level_names(tree):
+                if name.startswith("_") or name in exports:
+                    continue
+                if name in owner and owner[name][0] is not ch:
+                    och, ocell = owner[name]
+                    raise TangleError(
+                        f"{ch.rel}: saved code cell {cell.index} (line {cell.line}) defines "
+                        f"public name '{name}', already saved by {och.rel} (code cell "
+                        f"{ocell.index}, line {ocell.line}); a public name may be saved by only "
+                        f"one chapter (rename it, or prefix a helper with '_')")
+                owner[name] = (ch, cell)
+                exports.append(name)
+        ch.exports = exports
+        trees[id(ch)] = parsed
+
+    position = {id(ch): i for i, ch in enumerate(chapters)}
+    for ch in chapters:
+        aliases = {"arl"}
+        for cell, tree in trees[id(ch)]:
+            v = _ImportTimeUses(aliases)
+            for stmt in tree.body:
+                v.visit(stmt)
+            for name, lineno, at_import in v.uses:
+                if name.startswith("__") and name.endswith("__"):
+                    continue
+                line = cell.line + lineno - 1
+                where = f"{ch.rel}: saved code cell {cell.index} (line {line})"
+                definer = owner.get(name, (modules.get(name), None))[0]
+                if definer is None:
+                    msg = (f"{where} uses arl.{name}, but no chapter saves a name '{name}'")
+                    if at_import:
+                        raise TangleError(msg + " (needed at import time)")
+                    warnings.append("warning: " + msg)
+                    continue
+                if not at_import:
+                    continue
+                if definer is ch:
+                    raise TangleError(f"{where} uses arl.{name} at import time, but '{name}' is "
+                                      f"saved by this same chapter: refer to it directly as "
+                                      f"'{name}'")
+                if position[id(definer)] > position[id(ch)]:
+                    raise TangleError(f"{where} uses arl.{name} at import time, but '{name}' is "
+                                      f"saved only by the later chapter {definer.rel}")
+    return warnings
+
+
+# ----------------------------------------------------------------------------- output
+
+def _format_all(names: list[str]) -> str:
+    if not names:
+        return "__all__ = []\n"
+    return "__all__ = [\n" + "".join(f"    {n!r},\n" for n in names) + "]\n"
+
+
+def render_module(ch: Chapter) -> str:
+    parts = [HEADER.format(src=ch.rel), _format_all(ch.exports)]
+    for cell in ch.saved:
+        code = "\n".join(line.rstrip() for line in cell.code.split("\n")).strip("\n")
+        if code:
+            parts.append(code + "\n")
+    return "\n\n".join(parts)
+
+
+def project_version(root: Path) -> str:
+    pp = root / "pyproject.toml"
+    if pp.exists():
+        import tomllib
+        return str(tomllib.loads(pp.read_text()).get("project", {}).get("version", "0.0.0"))
+    return "0.0.0"
+
+
+def render_init(chapters: list[Chapter], version: str) -> str:
+    lines = [HEADER.format(src="the chapters of book/ (in _toc.yml order)"),
+             '"""agentrl: the library of the book *Agent RL*, tangled from its chapters.\n\n'
+             "Every public name saved by a chapter is available as ``arl.<name>`` after\n"
+             "``import agentrl as arl``.\n"
+             '"""\n',
+             f"__version__ = {version!r}\n"]
+    imports = "".join(f"from .{ch.module} import *  # {ch.rel}\n" for ch in chapters if ch.module)
+    if imports:
+        lines.append(imports)
+    return "\n".join(lines)
+
+
+def is_generated(path: Path) -> bool:
+    try:
+        with path.open(encoding="utf-8") as f:
+            return f.readline().startswith(GENERATED_MARK)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def plan(root: Path) -> tuple[dict[Path, str], list[Path], list[str]]:
+    """Return (files to write, generated files to delete, warnings)."""
+    chapters = discover(root)
+    warnings = analyse(chapters)
+    pkg = root / PACKAGE
+    want: dict[Path, str] = {}
+    for ch in chapters:
+        if ch.module:
+            target = pkg / f"{ch.module}.py"
+            if target.exists() and not is_generated(target):
+                raise TangleError(f"{ch.rel} names module '{ch.module}', but {PACKAGE}/"
+                                  f"{ch.module}.py is hand-written (no generated header); "
+                                  f"rename one of them")
+            want[target] = render_module(ch)
+    init = pkg / "__init__.py"
+    if init.exists() and not is_generated(init):
+        raise TangleError(f"{PACKAGE}/__init__.py is hand-written; it must be generated by "
+                          f"tools/tangle.py (move its code into a chapter or a separate module)")
+    want[init] = render_init(chapters, project_version(root))
+    stale = sorted(p for p in pkg.glob("*.py") if p not in want and is_generated(p))
+    return want, stale, warnings
+
+
+def tangle(root: Path, check: bool = False, quiet: bool = False) -> int:
+    """Run the tangler on the book at ``root``. Returns a process exit code."""
+    root = root.resolve()
+    try:
+        want, stale, warnings = plan(root)
+    except TangleError as e:
+        print(f"tangle: error: {e}", file=sys.stderr)
+        return 2
+    for w in warnings:
+        print(f"tangle: {w}", file=sys.stderr)
+    rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
+    if check:
+        problems = []
+        for path, text in want.items():
+            if not path.exists():
+                problems.append(f"missing: {rel(path)}")
+            elif path.read_text(encoding="utf-8") != text:
+                problems.append(f"drifted: {rel(path)}")
+        problems += [f"extra: {rel(p)} (its chapter is gone)" for p in stale]
+        if problems:
+            print("tangle --check: the package differs from what the chapters produce:",
+                  file=sys.stderr)
+            for p in problems:
+                print("  " + p, file=sys.stderr)
+            print("run `python tools/tangle.py` and commit the result", file=sys.stderr)
+            return 1
+        if not quiet:
+            print(f"tangle --check: {len(want)} generated files in sync")
+        return 0
+    (root / PACKAGE).mkdir(exist_ok=True)
+    changed = []
+    for path, text in want.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed.append(f"wrote {rel(path)}")
+    for p in stale:
+        p.unlink()
+        changed.append(f"deleted {rel(p)} (its chapter is gone)")
+    if not quiet:
+        for c in changed:
+            print("tangle: " + c)
+        print(f"tangle: {len(want)} generated files, {len(changed)} changed")
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="do not write; exit 1 naming drifted/missing/extra generated files")
+    ap.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent,
+                    help="book root holding _toc.yml, book/ and agentrl/ (default: this repo)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    return tangle(args.root, check=args.check, quiet=args.quiet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
