@@ -1,0 +1,14 @@
+# Generated from the chapters of book/ (in _toc.yml order) by tools/tangle.py. Do not edit: edit the chapter and re-run the tangler.
+
+"""agentrl: the library of the book *Agent RL*, tangled from its chapters.
+
+Every public name saved by a chapter is available as ``arl.<name>`` after
+``import agentrl as arl``.
+"""
+
+__version__ = '0.1.0'
+
+from .essentials import *  # book/02-rl-essentials.md
+from .policy_gradient import *  # book/06-policy-gradient.md
+from .advantages import *  # book/07-advantages-and-credit.md
+from .ppo import *  # book/08-ppo.md
