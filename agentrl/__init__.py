@@ -10,6 +10,8 @@ __version__ = '0.1.0'
 
 from .essentials import *  # book/02-rl-essentials.md
 from .lm import *  # book/03-language-models-as-policies.md
+from .gym import *  # book/04-bugfix-gym.md
+from .agent import *  # book/05-tiny-agent.md
 from .policy_gradient import *  # book/06-policy-gradient.md
 from .advantages import *  # book/07-advantages-and-credit.md
 from .ppo import *  # book/08-ppo.md

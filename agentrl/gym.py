@@ -1,0 +1,362 @@
+# Generated from book/04-bugfix-gym.md by tools/tangle.py. Do not edit: edit the chapter and re-run the tangler.
+
+
+__all__ = [
+    'FAMILIES',
+    'EDIT_OPS',
+    'FIX_OPS',
+    'MAX_TRACE_EVENTS',
+    'SAFE_BUILTINS',
+    'run_tests',
+    'Task',
+    'N_TRAIN_PER_FAMILY',
+    'N_PUBLIC',
+    'N_HIDDEN',
+    'make_tasks',
+    'compact_source',
+    'TOOLS',
+    'MESSAGES',
+    'parse_call',
+    'REWARDS',
+    'BugFixEnv',
+    'PLAYERS',
+    'RANDOM_CALLS',
+    'scripted_calls',
+    'play',
+]
+
+
+import random
+import re
+import sys
+from dataclasses import dataclass
+
+
+FAMILIES = {
+    'clamp': dict(
+        fix_op='swap_minmax',
+        template='def {f}({a}, {b}, {c}):\n    return min({b}, max({a}, {c}))\n',
+        variants=[dict(f='clamp', params=('value', 'lower', 'upper')),
+                  dict(f='pin', params=('x', 'lo', 'hi')),
+                  dict(f='bound', params=('n', 'low', 'high')),
+                  dict(f='limit', params=('v', 'floor', 'ceiling')),
+                  dict(f='restrict', params=('value', 'lo', 'hi')),
+                  dict(f='confine', params=('x', 'low', 'high'))],
+        args=lambda rng: (rng.randint(-9, 9), rng.randint(-6, -1), rng.randint(1, 6)),
+    ),
+    'loop_range': dict(
+        fix_op='fix_range_end',
+        template='def {f}(n):\n    total = 0\n    for i in range(1, n):\n        total = total + {body}\n    return total\n',
+        variants=[dict(f='sum_to', body='i'),
+                  dict(f='sum_squares', body='i * i'),
+                  dict(f='sum_doubles', body='2 * i'),
+                  dict(f='count_up', body='1'),
+                  dict(f='triangle', body='i'),
+                  dict(f='series', body='i * 3')],
+        args=lambda rng: (rng.randint(1, 9),),
+    ),
+    'threshold': dict(
+        fix_op='fix_comparison',
+        template='def {f}(xs, cutoff):\n    count = 0\n    for x in xs:\n        if x {cmp} cutoff:\n            count = count + {body}\n    return count\n',
+        variants=[dict(f='count_above', cmp='>=', body='1'),
+                  dict(f='count_below', cmp='<=', body='1'),
+                  dict(f='sum_above', cmp='>=', body='x'),
+                  dict(f='sum_below', cmp='<=', body='x'),
+                  dict(f='weigh_above', cmp='>=', body='2'),
+                  dict(f='weigh_below', cmp='<=', body='2')],
+        args=lambda rng: (tuple(rng.randint(0, 6) for _ in range(rng.randint(2, 5))), rng.randint(1, 5)),
+    ),
+    'accumulator': dict(
+        fix_op='fix_init',
+        template='def {f}(xs):\n    result = 0\n    for x in xs:\n        result = result * {body}\n    return result\n',
+        variants=[dict(f='product', body='x'),
+                  dict(f='multiply_all', body='x'),
+                  dict(f='prod_squares', body='x * x'),
+                  dict(f='prod_doubled', body='2 * x'),
+                  dict(f='prod_plus_one', body='(x + 1)'),
+                  dict(f='scale_all', body='x * 3')],
+        args=lambda rng: (tuple(rng.randint(1, 4) for _ in range(rng.randint(1, 4))),),
+    ),
+    'indexing': dict(
+        fix_op='fix_index',
+        template='def {f}(xs):\n    item = xs[len(xs)]\n    return {body}\n',
+        variants=[dict(f='last', body='item'),
+                  dict(f='last_item', body='item'),
+                  dict(f='final', body='item'),
+                  dict(f='newest', body='item'),
+                  dict(f='last_double', body='item * 2'),
+                  dict(f='last_square', body='item * item')],
+        args=lambda rng: (tuple(rng.randint(0, 9) for _ in range(rng.randint(1, 5))),),
+    ),
+}
+
+
+def _swap_minmax(source, public_tests):
+    """Swap min and max calls when the source uses both."""
+    if 'min(' not in source or 'max(' not in source:
+        return source
+    return source.replace('min(', '\0').replace('max(', 'min(').replace('\0', 'max(')
+
+
+def _fix_range_end(source, public_tests):
+    """Make range(a, n) include its end: range(a, n + 1)."""
+    return re.sub(r'range\((\w+), (\w+)\)', r'range(\1, \2 + 1)', source)
+
+
+def _fix_comparison(source, public_tests):
+    """Make non-strict comparisons strict: >= becomes >, <= becomes <."""
+    return source.replace(' >= ', ' > ').replace(' <= ', ' < ')
+
+
+def _fix_init(source, public_tests):
+    """Start a multiplying accumulator at 1 instead of 0."""
+    for name in re.findall(r'(\w+) = \1 \*', source):
+        source = re.sub(rf'\b{name} = 0\b', f'{name} = 1', source)
+    return source
+
+
+def _fix_index(source, public_tests):
+    """Index the last element as xs[len(xs) - 1] instead of xs[len(xs)]."""
+    return re.sub(r'\[len\((\w+)\)\]', r'[len(\1) - 1]', source)
+
+
+EDIT_OPS = {'swap_minmax': _swap_minmax, 'fix_range_end': _fix_range_end,
+            'fix_comparison': _fix_comparison, 'fix_init': _fix_init, 'fix_index': _fix_index}
+FIX_OPS = tuple(spec['fix_op'] for spec in FAMILIES.values())
+
+
+MAX_TRACE_EVENTS = 20_000          # line/call events one test may use before it is stopped
+SAFE_BUILTINS = {'min': min, 'max': max, 'range': range, 'len': len, 'abs': abs}
+
+
+class _TestTimeout(Exception):
+    """Raised inside code under test that runs longer than MAX_TRACE_EVENTS events."""
+
+
+def _call_bounded(fn, args, budget=MAX_TRACE_EVENTS):
+    """fn(*args), stopped with _TestTimeout after `budget` traced events."""
+    events = 0
+
+    def tracer(frame, event, arg):
+        nonlocal events
+        events += 1
+        if events > budget:
+            raise _TestTimeout
+        return tracer
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        return fn(*args)
+    finally:
+        sys.settrace(previous)
+
+
+_TEST_CACHE = {}
+
+
+def run_tests(source, tests, fn_name):
+    """Run tests [(args, expected)] on fn_name in source -> [(ok, 'pass'|'fail'|'error'|'timeout')]."""
+    key = (source, tests, fn_name)
+    if key not in _TEST_CACHE:
+        _TEST_CACHE[key] = _run_tests_uncached(source, tests, fn_name)
+    return _TEST_CACHE[key]
+
+
+def _run_tests_uncached(source, tests, fn_name):
+    namespace = {'__builtins__': dict(SAFE_BUILTINS)}
+    try:
+        _call_bounded(exec, (compile(source, '<task>', 'exec'), namespace))
+        fn = namespace[fn_name]
+    except Exception:                  # syntax error, missing function, loop at import
+        return [(False, 'error')] * len(tests)
+    results = []
+    for args, expected in tests:
+        try:
+            got = _call_bounded(fn, args)
+            results.append((got == expected, 'pass' if got == expected else 'fail'))
+        except _TestTimeout:
+            results.append((False, 'timeout'))
+        except Exception:
+            results.append((False, 'error'))
+    return results
+
+
+@dataclass(frozen=True)
+class Task:
+    """One bug to fix: the issue the agent sees, the buggy source, and its tests."""
+    name: str            # 'family/function', fixed for logging even when the function is renamed
+    split: str           # 'train' or 'heldout'
+    fn_name: str
+    issue: str
+    source: str
+    fix_op: str
+    public_tests: tuple  # ((args, expected), ...)
+    hidden_tests: tuple
+
+
+N_TRAIN_PER_FAMILY = 4   # variants 0-3 train, 4-5 held out
+N_PUBLIC, N_HIDDEN = 3, 6
+
+
+def _make_tests(buggy, fixed, fn_name, make_args, n, rng):
+    """n (args, expected) pairs from the fixed source, at least one of which the buggy source fails."""
+    while True:
+        cases = [make_args(rng) for _ in range(n)]
+        tests = tuple((args, _expected(fixed, fn_name, args)) for args in cases)
+        if not all(ok for ok, _ in run_tests(buggy, tests, fn_name)):
+            return tests
+
+
+def _expected(source, fn_name, args):
+    namespace = {'__builtins__': dict(SAFE_BUILTINS)}
+    exec(source, namespace)
+    return namespace[fn_name](*args)
+
+
+def _build_task(family, index):
+    spec, variant = FAMILIES[family], FAMILIES[family]['variants'][index]
+    fields = dict(variant, **dict(zip('abc', variant.get('params', ()))))
+    source = spec['template'].format(**fields)
+    fixed = EDIT_OPS[spec['fix_op']](source, ())
+    rng = random.Random(f"{family}/{variant['f']}")
+    return Task(name=f"{family}/{variant['f']}", split='train' if index < N_TRAIN_PER_FAMILY else 'heldout',
+                fn_name=variant['f'], issue=f"issue : {variant['f']} returns wrong results", source=source,
+                fix_op=spec['fix_op'],
+                public_tests=_make_tests(source, fixed, variant['f'], spec['args'], N_PUBLIC, rng),
+                hidden_tests=_make_tests(source, fixed, variant['f'], spec['args'], N_HIDDEN, rng))
+
+
+def make_tasks(split='all'):
+    """The gym's tasks in family order: 'train' (20), 'heldout' (10) or 'all' (30)."""
+    if split not in ('train', 'heldout', 'all'):
+        raise ValueError(f"unknown split {split!r}; expected 'train', 'heldout' or 'all'")
+    tasks = [_build_task(family, i) for family in FAMILIES for i in range(len(FAMILIES[family]['variants']))]
+    return [t for t in tasks if split in ('all', t.split)]
+
+
+_WORD = re.compile(r'>=|<=|==|!=|\w+|[^\s\w]')
+
+
+def compact_source(source):
+    """Source as vocabulary words: one line per code line, words separated by spaces."""
+    lines = (' '.join(_WORD.findall(line)) for line in source.splitlines())
+    return '\n'.join(line for line in lines if line)
+
+
+TOOLS = ('read', 'test', 'edit', 'submit')
+MESSAGES = {'changed': 'code changed', 'unchanged': 'no change', 'unknown_op': 'unknown op',
+            'invalid': 'invalid call'}
+
+
+def parse_call(text):
+    """'edit fix_init' -> ('edit', 'fix_init'); 'read' -> ('read',); anything malformed -> None."""
+    words = text.split()
+    if words in (['read'], ['test'], ['submit']):
+        return (words[0],)
+    if len(words) == 2 and words[0] == 'edit':
+        return ('edit', words[1])
+    return None
+
+
+REWARDS = ('hidden', 'public')
+
+
+class BugFixEnv:
+    """Multi-turn bug fixing: read, test, edit <op>, submit; reward from the tests at submit."""
+
+    def __init__(self, max_turns=6, reward='hidden'):
+        if not (reward in REWARDS or callable(reward)):
+            raise ValueError(f'unknown reward {reward!r}; expected one of {REWARDS} or a callable(info)')
+        if max_turns < 1:
+            raise ValueError(f'max_turns must be at least 1, got {max_turns}')
+        self.max_turns, self.reward = max_turns, reward
+        self.task = None
+
+    def reset(self, task):
+        """Start an episode on task -> the first observation (the issue)."""
+        self.task, self.source = task, task.source
+        self.turn, self.done, self.ops, self.actions = 0, False, [], []
+        return task.issue
+
+    def step(self, text):
+        """Apply one call -> (observation, reward, done, info); reward is 0 until the episode ends."""
+        if self.task is None or self.done:
+            raise RuntimeError('call reset(task) before step(); the episode has ended' if self.done
+                               else 'call reset(task) before step()')
+        call = parse_call(text)
+        self.turn += 1
+        self.actions.append(' '.join(call) if call else 'invalid')
+        if call == ('submit',):
+            return self._finish(submitted=True)
+        observation = self._observe(call)
+        if self.turn >= self.max_turns:
+            return self._finish(submitted=False, observation=observation)
+        return observation, 0.0, False, {'turn': self.turn}
+
+    def _observe(self, call):
+        if call is None:
+            return MESSAGES['invalid']
+        if call[0] == 'read':
+            return compact_source(self.source)
+        if call[0] == 'test':
+            return ' '.join(message for _, message in run_tests(self.source, self.task.public_tests,
+                                                                self.task.fn_name))
+        if call[1] not in EDIT_OPS:
+            return MESSAGES['unknown_op']
+        self.ops.append(call[1])
+        edited = EDIT_OPS[call[1]](self.source, self.task.public_tests)
+        changed, self.source = edited != self.source, edited
+        return MESSAGES['changed' if changed else 'unchanged']
+
+    def _finish(self, submitted, observation=''):
+        self.done = True
+        info = self.final_info(submitted)
+        return observation, self.reward_fn(info), True, info
+
+    def final_info(self, submitted):
+        """Everything about the finished episode that rewards and statistics need."""
+        task = self.task
+        return dict(task=task.name, submitted=submitted, n_turns=self.turn, ops=list(self.ops),
+                    actions=list(self.actions), source=self.source,
+                    hidden_pass=all(ok for ok, _ in run_tests(self.source, task.hidden_tests, task.fn_name)),
+                    public_pass=all(ok for ok, _ in run_tests(self.source, task.public_tests, task.fn_name)))
+
+    def reward_fn(self, info):
+        """1.0 when the submitted code passes the chosen tests (or the callable's value)."""
+        if callable(self.reward):
+            return float(self.reward(info))
+        return float(info['submitted'] and info[f'{self.reward}_pass'])
+
+
+PLAYERS = ('random', 'blind', 'oracle')
+RANDOM_CALLS = ('edit',) * 5 + ('read', 'test')   # the random player's call mix: mostly edits
+
+
+def scripted_calls(task, kind, rng, max_turns=6):
+    """The calls a scripted player makes on task: 'random', 'blind' or 'oracle' -> [str]."""
+    if kind == 'oracle':
+        return ['read', f'edit {task.fix_op}', 'test', 'submit']
+    if kind == 'blind':
+        ops = rng.sample(FIX_OPS, rng.randint(1, 3))
+        return [f'edit {op}' for op in ops] + ['submit']
+    if kind == 'random':
+        calls = []
+        while not calls or (len(calls) < max_turns - 1 and rng.random() > 0.3):
+            calls.append(rng.choice(RANDOM_CALLS))
+            if calls[-1] == 'edit':
+                calls[-1] += ' ' + rng.choice(FIX_OPS)
+        return calls + ['submit']
+    raise ValueError(f'unknown player {kind!r}; expected one of {PLAYERS}')
+
+
+def play(env, task, calls):
+    """Run calls in env on task until done -> (list of (call, observation), reward, info)."""
+    transcript, reward, info = [], 0.0, {}
+    env.reset(task)
+    for call in calls:
+        observation, reward, done, info = env.step(call)
+        transcript.append((call, observation))
+        if done:
+            break
+    return transcript, reward, info
