@@ -50,18 +50,18 @@ FAMILIES = {
         variants=[dict(f='sum_to', body='i'),
                   dict(f='sum_squares', body='i * i'),
                   dict(f='sum_doubles', body='2 * i'),
-                  dict(f='count_up', body='1'),
+                  dict(f='count_up', body='2'),
                   dict(f='triangle', body='i'),
                   dict(f='series', body='i * 3')],
         args=lambda rng: (rng.randint(1, 9),),
     ),
     'threshold': dict(
         fix_op='fix_comparison',
-        template='def {f}(xs, cutoff):\n    count = 0\n    for x in xs:\n        if x {cmp} cutoff:\n            count = count + {body}\n    return count\n',
+        template='def {f}(xs, cutoff):\n    count = 0\n    for i in range(0, len(xs)):\n        if xs[i] {cmp} cutoff:\n            count = count + {body}\n    return count\n',
         variants=[dict(f='count_above', cmp='>=', body='1'),
                   dict(f='count_below', cmp='<=', body='1'),
-                  dict(f='sum_above', cmp='>=', body='x'),
-                  dict(f='sum_below', cmp='<=', body='x'),
+                  dict(f='sum_above', cmp='>=', body='xs[i]'),
+                  dict(f='sum_below', cmp='<=', body='xs[i]'),
                   dict(f='weigh_above', cmp='>=', body='2'),
                   dict(f='weigh_below', cmp='<=', body='2')],
         args=lambda rng: (tuple(rng.randint(0, 6) for _ in range(rng.randint(2, 5))), rng.randint(1, 5)),
@@ -99,8 +99,8 @@ def _swap_minmax(source, public_tests):
 
 
 def _fix_range_end(source, public_tests):
-    """Make range(a, n) include its end: range(a, n + 1)."""
-    return re.sub(r'range\((\w+), (\w+)\)', r'range(\1, \2 + 1)', source)
+    """Extend every two-argument loop range by one at its end: range(a, b) -> range(a, b + 1)."""
+    return re.sub(r'range\((\w+), (.+)\):', r'range(\1, \2 + 1):', source)
 
 
 def _fix_comparison(source, public_tests):
@@ -109,10 +109,8 @@ def _fix_comparison(source, public_tests):
 
 
 def _fix_init(source, public_tests):
-    """Start a multiplying accumulator at 1 instead of 0."""
-    for name in re.findall(r'(\w+) = \1 \*', source):
-        source = re.sub(rf'\b{name} = 0\b', f'{name} = 1', source)
-    return source
+    """Start every accumulator that begins at 0 at 1 instead (right for products, wrong for sums)."""
+    return re.sub(r'\b(\w+) = 0\b', r'\1 = 1', source)
 
 
 def _fix_index(source, public_tests):
