@@ -15,3 +15,4 @@ from .agent import *  # book/05-tiny-agent.md
 from .policy_gradient import *  # book/06-policy-gradient.md
 from .advantages import *  # book/07-advantages-and-credit.md
 from .ppo import *  # book/08-ppo.md
+from .grpo import *  # book/09-grpo.md

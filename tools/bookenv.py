@@ -10,7 +10,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 CELL_TIMEOUT = 1800          # seconds per cell, for record and nbval alike
-DEFAULT_THREADS = "2"        # torch/OpenMP threads in chapter kernels (override: AGENTRL_THREADS)
+DEFAULT_THREADS = "1"        # torch/OpenMP threads in chapter kernels (override: AGENTRL_THREADS);
+                             # 1 thread: as fast as 2 for this tiny model, and two chapters can be
+                             # checked in parallel on a 2-core machine
 
 
 def kernel_env(root: Path = REPO, base: dict | None = None) -> dict[str, str]:
