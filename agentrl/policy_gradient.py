@@ -9,6 +9,7 @@ __all__ = [
     'aggregate_loss',
     'episode_stats',
     'sample_episodes',
+    'REINFORCE_BASELINES',
     'reinforce_step',
     'train_reinforce',
 ]
@@ -106,14 +107,27 @@ def sample_episodes(model, tasks, tok, samples_per_task, generator, max_turns=6,
     return arl.rollout_batch(model, envs, batch_tasks, tok, max_turns, temperature, generator)
 
 
+REINFORCE_BASELINES = ('none', 'mean', 'task')
+
+
+def _baseline(rewards, task_names, kind):
+    """Baseline per episode [B]: 0, the batch mean, or the mean reward of the same task in the batch."""
+    if kind not in REINFORCE_BASELINES:
+        raise ValueError(f'unknown baseline {kind!r}; expected one of {REINFORCE_BASELINES}')
+    if kind == 'none':
+        return torch.zeros_like(rewards)
+    if kind == 'mean':
+        return rewards.mean().expand_as(rewards)
+    same = torch.tensor([[a == b for b in task_names] for a in task_names], dtype=rewards.dtype)
+    return same @ rewards / same.sum(-1)
+
+
 def reinforce_step(model, optimizer, trajs, tok, baseline='mean', loss_mode='seq_mean_token_sum',
                    temperature=1.0, max_grad_norm=1.0):
     """One REINFORCE update on a batch of episodes -> dict with loss, entropy and grad_norm."""
-    if baseline not in ('mean', 'none'):
-        raise ValueError(f"unknown baseline {baseline!r}; expected 'mean' or 'none'")
     batch = arl.collate(trajs, tok.pad_id)
     ids, mask, rewards = batch['ids'], batch['action_mask'], batch['rewards']      # [B, T], [B, T-1], [B]
-    adv = rewards - rewards.mean() if baseline == 'mean' else rewards
+    adv = rewards - _baseline(rewards, [t.info['task'] for t in trajs], baseline)
     logits = model(ids)[:, :-1] / temperature                                        # [B, T-1, V]
     logp = selected_log_probs(logits, ids[:, 1:])
     loss = aggregate_loss(-adv[:, None].to(logp.dtype) * logp, mask, loss_mode,

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 class PPOConfig:
     """Settings of train_ppo: sampling, GAE, the clipped update and the critic's optimizer."""
     tasks_per_step: int = 8
-    samples_per_task: int = 8      # attempts per task; consecutive in the batch
+    samples_per_task: int = 4      # attempts per task; consecutive in the batch
     temperature: float = 1.0
     max_turns: int = 6
     gamma: float = 1.0
@@ -63,8 +63,8 @@ class PPOConfig:
     clip_high: float = 0.2
     loss_mode: str = 'token_mean'
     epochs: int = 2
-    minibatches: int = 4
-    lr: float = 1e-3
+    minibatches: int = 2
+    lr: float = 2e-3
     critic_lr: float = 1e-3
     max_grad_norm: float = 1.0
     seed: int = 0

@@ -1,4 +1,5 @@
 """Tests of chapter 6's saved functions (agentrl.policy_gradient)."""
+import copy
 import math
 
 import pytest
@@ -164,3 +165,53 @@ def test_seq_mean_token_mean_equals_mean_of_row_means(batch):
     rows = [x[i][mask[i].bool()] for i in range(len(x))]
     expected = sum(r.mean().item() if len(r) else 0.0 for r in rows) / len(rows)
     assert arl.aggregate_loss(x, mask, 'seq_mean_token_mean').item() == pytest.approx(expected, abs=1e-9)
+
+
+# the REINFORCE trainer and episode statistics, on the real gym with an untrained agent ------------
+
+@pytest.fixture(scope='module')
+def gym_setup():
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    return tok, arl.TinyAgent(len(tok), seed=0), arl.make_tasks('train')
+
+
+def test_baseline_kinds():
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    names = ['a', 'a', 'b', 'b']
+    from agentrl.policy_gradient import _baseline
+    assert _baseline(r, names, 'none').tolist() == [0, 0, 0, 0]
+    assert _baseline(r, names, 'mean').tolist() == pytest.approx([0.75] * 4)
+    assert _baseline(r, names, 'task').tolist() == pytest.approx([0.5, 0.5, 1.0, 1.0])
+    with pytest.raises(ValueError, match="'median'.*'none', 'mean', 'task'"):
+        _baseline(r, names, 'median')
+
+
+def test_sample_episodes_layout_and_stats(gym_setup):
+    tok, model, tasks = gym_setup
+    trajs = arl.sample_episodes(model, tasks[:3], tok, 2, torch.Generator().manual_seed(0), max_turns=3)
+    assert [t.info['task'] for t in trajs] == [tasks[i // 2].name for i in range(6)]
+    s = arl.episode_stats(trajs)
+    expected_keys = {'pass_rate', 'reward', 'reads', 'tests', 'edits', 'first_edit_right', 'read_first',
+                     'turns', 'length'}
+    assert set(s) == expected_keys and all(isinstance(v, float) for v in s.values())
+    assert 0 <= s['pass_rate'] <= 1 and 1 <= s['turns'] <= 3
+    assert s['reads'] == pytest.approx(sum(t.info['actions'].count('read') for t in trajs) / 6)
+
+
+def test_read_before_first_edit():
+    from agentrl.policy_gradient import _read_before_first_edit
+    assert _read_before_first_edit(['read', 'edit swap_minmax', 'submit'])
+    assert not _read_before_first_edit(['edit swap_minmax', 'read', 'submit'])
+    assert not _read_before_first_edit(['test', 'submit'])
+
+
+def test_train_reinforce_runs_and_is_reproducible(gym_setup):
+    tok, model, tasks = gym_setup
+    runs = []
+    for _ in range(2):
+        m = copy.deepcopy(model)
+        hist = arl.train_reinforce(m, tasks, tok, steps=2, tasks_per_step=2, samples_per_task=2, max_turns=3)
+        runs.append((hist, m.head.weight.detach().clone()))
+    assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
+    assert {'loss', 'entropy', 'grad_norm', 'pass_rate'} <= set(runs[0][0][0])
+    assert all(math.isfinite(h['grad_norm']) for h in runs[0][0])

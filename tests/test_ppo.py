@@ -115,3 +115,30 @@ def test_ppo_errors():
         arl.ppo_policy_loss(z, z, torch.zeros(2), z, 1.0, 0.2, 'token_mean')
     with pytest.raises(ValueError, match='norm_const'):
         arl.ppo_policy_loss(z, z, torch.zeros(2), z, 0.2, 0.2, 'constant')
+
+
+# the PPO trainer and the memory helpers ------------------------------------------------------------
+
+def test_train_ppo_with_and_without_critic():
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    tasks = arl.make_tasks('train')
+    cfg = arl.PPOConfig(tasks_per_step=2, samples_per_task=2, max_turns=3, epochs=1, minibatches=2)
+    policy = arl.TinyAgent(len(tok), seed=0)
+    critic = arl.ValueCritic(policy)
+    hist = arl.train_ppo(policy, tasks, tok, cfg, steps=2, critic=critic)
+    assert {'clip_frac', 'approx_kl', 'value_loss', 'explained_variance', 'pass_rate'} <= set(hist[0])
+    hist = arl.train_ppo(arl.TinyAgent(len(tok), seed=0), tasks, tok, cfg, steps=1)
+    assert 'value_loss' not in hist[0] and hist[0]['ratio_min'] == pytest.approx(1.0)
+
+
+def test_saved_tensor_bytes_and_state_bytes():
+    lin = torch.nn.Linear(4, 3, dtype=torch.float64)
+    x = torch.randn(5, 4, dtype=torch.float64)
+    out, saved = arl.saved_tensor_bytes(lambda: torch.tanh(lin(x)).sum(), exclude=[lin])
+    # linear saves its input x (5 x 4), tanh saves its output (5 x 3); weights are excluded
+    assert saved == (5 * 4 + 5 * 3) * 8
+    opt = torch.optim.Adam(lin.parameters())
+    out.backward()
+    opt.step()
+    state = arl.training_state_bytes(lin, opt)
+    assert state == dict(parameters=15 * 8, gradients=15 * 8, optimizer=2 * 15 * 8)
