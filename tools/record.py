@@ -146,6 +146,17 @@ def record(root: Path, md: Path) -> float:
     return time.perf_counter() - t0
 
 
+TIMINGS = "timings.json"   # beside the records: seconds each chapter took to record (check.py --jobs)
+
+
+def save_timing(out: Path, seconds: float) -> None:
+    """Remember how long a chapter took to record, for balancing parallel checks."""
+    path = out.parent / TIMINGS
+    timings = json.loads(path.read_text()) if path.exists() else {}
+    timings[out.name] = round(seconds)
+    path.write_text(json.dumps(dict(sorted(timings.items())), indent=1) + "\n")
+
+
 def record_prose(root: Path, md: Path) -> None:
     out = recorded_path(root, md)
     problem = stale_report(md, out, code_only=True)
@@ -207,6 +218,7 @@ def main(argv=None) -> int:
             print(f"record: {rel} FAILED, record not written:\n{e}", file=sys.stderr)
             return 1
         total += dt
+        save_timing(recorded_path(root, md), dt)
         print(f"record: {rel} -> {recorded_path(root, md).relative_to(root).as_posix()} "
               f"in {dt:.1f} s", flush=True)
     if len(chapters) > 1 and not args.prose_only:

@@ -23,7 +23,7 @@ step() {  # step NAME CMD...: run, time, remember failure
 }
 step tangle-check $PY tools/tangle.py --check
 step pytest $PY -m pytest tests -p no:cacheprovider
-step nbval $PY tools/check.py
+step nbval $PY tools/check.py --jobs 2
 echo
 if [[ $fail -ne 0 ]]; then echo "test_all: FAILED"; exit 1; fi
 echo "test_all: all checks passed"
