@@ -122,7 +122,7 @@ def _baseline(rewards, task_names, kind):
     return same @ rewards / same.sum(-1)
 
 
-def reinforce_step(model, optimizer, trajs, tok, baseline='mean', loss_mode='seq_mean_token_sum',
+def reinforce_step(model, optimizer, trajs, tok, baseline='mean', loss_mode='token_mean',
                    temperature=1.0, max_grad_norm=1.0):
     """One REINFORCE update on a batch of episodes -> dict with loss, entropy and grad_norm."""
     batch = arl.collate(trajs, tok.pad_id)
@@ -141,7 +141,7 @@ def reinforce_step(model, optimizer, trajs, tok, baseline='mean', loss_mode='seq
 
 
 def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task=8, lr=1e-3,
-                    baseline='mean', loss_mode='seq_mean_token_sum', max_turns=6, temperature=1.0,
+                    baseline='mean', loss_mode='token_mean', max_turns=6, temperature=1.0,
                     seed=0, log_every=0):
     """REINFORCE on tasks; trains model in place -> history, one dict of statistics per step."""
     torch.manual_seed(seed)
