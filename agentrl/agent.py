@@ -8,13 +8,14 @@ __all__ = [
     'Tokenizer',
     'gym_words',
     'build_tokenizer',
+    'Trajectory',
+    'episode_tokens',
+    'plot_episode_tokens',
     'Block',
     'TinyAgent',
     'count_parameters',
-    'Trajectory',
     'rollout_batch',
     'collate',
-    'episode_tokens',
     'EPISODES_PER_SET',
     'BASE_KINDS',
     'demonstrations',
@@ -83,6 +84,50 @@ def build_tokenizer(tasks):
     return Tokenizer(gym_words(tasks))
 
 
+@dataclass
+class Trajectory:
+    """One episode as a token sequence: ids [T], action_mask [T-1] (1 where ids[t+1] is the policy's)."""
+    ids: torch.Tensor
+    action_mask: torch.Tensor
+    reward: float
+    info: dict
+    sample_logp: torch.Tensor = None   # [T-1] log-prob of each policy token when it was sampled
+
+
+def episode_tokens(tok, env, task, calls):
+    """Token ids [T] and policy flags [T] of a scripted episode, laid out as rollout_batch lays it."""
+    ids = tok.encode(env.reset(task)) + [tok.turn_id]
+    policy = [0] * len(ids)
+    for call in calls:
+        observation, _, done, _ = env.step(call)
+        ids += tok.encode(call) + [tok.end_id]
+        policy += [1] * (len(tok.encode(call)) + 1)
+        if done:
+            break
+        obs = tok.encode(observation) + [tok.turn_id]
+        ids += obs
+        policy += [0] * len(obs)
+    return ids, policy
+
+
+def plot_episode_tokens(tok, ids, policy, ax=None, per_row=16):
+    """Draw token ids [T] as colored boxes: policy tokens (policy[t] == 1) orange, the rest blue."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(per_row * 0.78, 0.55 * math.ceil(len(ids) / per_row) + 0.3))
+    for t, (i, p) in enumerate(zip(ids, policy)):
+        row, col = divmod(t, per_row)
+        word = tok.vocab[int(i)]
+        color = '#f4a259' if p else ('#dddddd' if word in SPECIALS else '#a8c8e8')
+        ax.add_patch(plt.Rectangle((col, -row - 0.9), 0.95, 0.8, facecolor=color, edgecolor='white'))
+        ax.text(col + 0.475, -row - 0.5, word, ha='center', va='center', fontsize=7 if len(word) < 10 else 5.5,
+                fontweight='bold' if p else 'normal')
+    ax.set_xlim(0, per_row)
+    ax.set_ylim(-math.ceil(len(ids) / per_row), 0)
+    ax.axis('off')
+    return ax
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention and an MLP, with an optional KV cache."""
 
@@ -133,16 +178,6 @@ class TinyAgent(nn.Module):
 def count_parameters(model):
     """Number of trainable parameters."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-@dataclass
-class Trajectory:
-    """One episode as a token sequence: ids [T], action_mask [T-1] (1 where ids[t+1] is the policy's)."""
-    ids: torch.Tensor
-    action_mask: torch.Tensor
-    reward: float
-    info: dict
-    sample_logp: torch.Tensor = None   # [T-1] log-prob of each policy token when it was sampled
 
 
 class _Lockstep:
@@ -247,23 +282,7 @@ def collate(trajs, pad_id):
     return dict(ids=ids, action_mask=mask, rewards=rewards)
 
 
-def episode_tokens(tok, env, task, calls):
-    """Token ids [T] and policy flags [T] of a scripted episode, laid out as rollout_batch lays it."""
-    ids = tok.encode(env.reset(task)) + [tok.turn_id]
-    policy = [0] * len(ids)
-    for call in calls:
-        observation, _, done, _ = env.step(call)
-        ids += tok.encode(call) + [tok.end_id]
-        policy += [1] * (len(tok.encode(call)) + 1)
-        if done:
-            break
-        obs = tok.encode(observation) + [tok.turn_id]
-        ids += obs
-        policy += [0] * len(obs)
-    return ids, policy
-
-
-EPISODES_PER_SET = 4          # one demonstration set: 8 scripted episodes of one kind per training task
+EPISODES_PER_SET = 4          # one demonstration set: 4 scripted episodes of one kind per training task
 BASE_KINDS = ('random', 'blind') * 4
 _BASE_CACHE = {}
 

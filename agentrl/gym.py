@@ -19,10 +19,13 @@ __all__ = [
     'parse_call',
     'REWARDS',
     'BugFixEnv',
+    'blind_pass_rate',
     'PLAYERS',
     'RANDOM_CALLS',
     'scripted_calls',
     'play',
+    'read_before_first_edit',
+    'play_stats',
 ]
 
 
@@ -269,7 +272,7 @@ class BugFixEnv:
         if max_turns < 1:
             raise ValueError(f'max_turns must be at least 1, got {max_turns}')
         self.max_turns, self.reward = max_turns, reward
-        self.task = None
+        self.task, self.done = None, False
 
     def reset(self, task):
         """Start an episode on task -> the first observation (the issue)."""
@@ -327,6 +330,17 @@ class BugFixEnv:
         return float(info['submitted'] and info[f'{self.reward}_pass'])
 
 
+def blind_pass_rate(ops, tasks):
+    """Hidden-test pass rate of applying ops in order to every task, unread, then submitting."""
+    passed = 0
+    for task in tasks:
+        source = task.source
+        for op in ops:
+            source = EDIT_OPS[op](source, task.public_tests)
+        passed += all(ok for ok, _ in run_tests(source, task.hidden_tests, task.fn_name))
+    return passed / len(tasks)
+
+
 PLAYERS = ('random', 'blind', 'oracle')
 RANDOM_CALLS = ('edit',) * 5 + ('read', 'test')   # the random player's call mix: mostly edits
 
@@ -358,3 +372,33 @@ def play(env, task, calls):
         if done:
             break
     return transcript, reward, info
+
+
+def read_before_first_edit(info):
+    """True if the episode read the code before its first applied edit (episodes without an edit: False)."""
+    actions = info['actions']
+    first_edit = next((i for i, a in enumerate(actions)
+                       if a.startswith('edit ') and a.split()[1] in EDIT_OPS), None)
+    return first_edit is not None and 'read' in actions[:first_edit]
+
+
+def play_stats(infos):
+    """Per-episode averages over final infos: pass_rate, reads, tests, edits, turns, read_first, ...
+
+    read_first: share of episodes that read before their first edit; read_first_right: share of
+    those whose first edit is the task's fix op (nan when there are none); n_read_first: their count.
+    """
+    if not infos:
+        raise ValueError('play_stats needs at least one episode info')
+    n = len(infos)
+    fix_op = {f"{family}/{v['f']}": spec['fix_op'] for family, spec in FAMILIES.items() for v in spec['variants']}
+    readers = [info for info in infos if read_before_first_edit(info)]
+    right = sum(info['ops'][0] == fix_op[info['task']] for info in readers)
+    return dict(pass_rate=sum(bool(i['submitted'] and i['hidden_pass']) for i in infos) / n,
+                reads=sum(i['actions'].count('read') for i in infos) / n,
+                tests=sum(i['actions'].count('test') for i in infos) / n,
+                edits=sum(len(i['ops']) for i in infos) / n,
+                turns=sum(i['n_turns'] for i in infos) / n,
+                first_edit_right=sum(i['ops'][:1] == [fix_op[i['task']]] for i in infos) / n,
+                read_first=len(readers) / n, n_read_first=len(readers),
+                read_first_right=right / len(readers) if readers else float('nan'))

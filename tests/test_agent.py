@@ -1,0 +1,235 @@
+"""Tests of chapter 5's saved code (agentrl.agent): tokenizer, model, rollouts, collate, base agent."""
+import random
+
+import pytest
+import torch
+
+import agentrl as arl
+
+torch.set_num_threads(1)   # tiny model: one thread is as fast, and robust to a loaded machine
+
+ALL = arl.make_tasks('all')
+TRAIN = arl.make_tasks('train')
+NAMES = sorted({t.fn_name for t in ALL})
+
+
+@pytest.fixture(scope='module')
+def tok():
+    return arl.build_tokenizer(ALL)
+
+
+@pytest.fixture(scope='module')
+def small(tok):
+    """An untrained model of the default shape (cheap to build)."""
+    return arl.TinyAgent(len(tok), seed=0).eval()
+
+
+@pytest.fixture(scope='module')
+def base(tok):
+    """The default base agent, built once per test module (the slow part of this file)."""
+    return arl.make_base_agent(tok)
+
+
+# tokenizer ---------------------------------------------------------------------------------------
+
+def test_tokenizer_specials_and_round_trip(tok):
+    assert tok.vocab[:4] == list(arl.SPECIALS)
+    assert (tok.pad_id, tok.unk_id, tok.turn_id, tok.end_id) == (0, 1, 2, 3)
+    assert len(tok) == len(set(tok.vocab))
+    for t in ALL:
+        text = arl.compact_source(t.source)
+        assert tok.decode(tok.encode(text)) == ' '.join(text.split())
+        assert tok.decode(tok.encode(t.issue)) == t.issue
+    assert tok.encode('read zebra') == [tok.index['read'], tok.unk_id]
+
+
+def test_tokenizer_covers_every_name_in_every_role(tok):
+    for t in ALL:
+        for name in NAMES:
+            issue = t.issue.replace(t.fn_name, name)
+            source = t.source.replace(f'def {t.fn_name}(', f'def {name}(')
+            assert tok.unk_id not in tok.encode(issue)
+            for op in [None, *arl.EDIT_OPS]:
+                edited = source if op is None else arl.EDIT_OPS[op](source, t.public_tests)
+                assert tok.unk_id not in tok.encode(arl.compact_source(edited))
+
+
+def test_tokenizer_covers_every_observation_and_call(tok):
+    rng = random.Random(0)
+    calls = ['read', 'test', 'submit', 'edit bogus', 'nonsense'] + [f'edit {op}' for op in arl.EDIT_OPS]
+    for call in calls:
+        if call not in ('nonsense', 'edit bogus'):
+            assert tok.unk_id not in tok.encode(call)
+    env = arl.BugFixEnv(max_turns=12)
+    for t in ALL:
+        for _ in range(5):
+            env.reset(t)
+            done = False
+            while not done:
+                obs, _, done, _ = env.step(rng.choice(calls))
+                assert tok.unk_id not in tok.encode(obs), obs
+    for m in arl.MESSAGES.values():
+        assert tok.unk_id not in tok.encode(m)
+
+
+def test_call_fits_in_max_call_tokens(tok):
+    for op in arl.EDIT_OPS:
+        assert len(tok.encode(f'edit {op}')) + 1 <= arl.MAX_CALL_TOKENS
+
+
+# model -------------------------------------------------------------------------------------------
+
+def test_model_shapes_and_parameter_count(tok, small):
+    assert 150_000 <= arl.count_parameters(small) <= 160_000
+    ids = torch.randint(0, len(tok), (3, 17), generator=torch.Generator().manual_seed(0))
+    logits = small(ids)
+    assert logits.shape == (3, 17, len(tok)) and logits.dtype == arl.DTYPE
+    # causal: changing a later token does not change earlier logits
+    ids2 = ids.clone()
+    ids2[:, 10:] = 5
+    assert torch.allclose(small(ids2)[:, :10], logits[:, :10], atol=1e-12)
+    with pytest.raises(ValueError, match='max_len'):
+        small(torch.zeros(1, small.max_len + 1, dtype=torch.long))
+
+
+def test_model_seed_is_deterministic(tok):
+    a, b = arl.TinyAgent(len(tok), seed=3), arl.TinyAgent(len(tok), seed=3)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+# episode layout ----------------------------------------------------------------------------------
+
+def test_episode_tokens_layout(tok):
+    task = TRAIN[4]
+    ids, policy = arl.episode_tokens(tok, arl.BugFixEnv(), task, ['read', f'edit {task.fix_op}', 'test', 'submit'])
+    assert len(ids) == len(policy)
+    assert tok.decode([i for i, p in zip(ids, policy) if p]) == f'read <end> edit {task.fix_op} <end> test <end> submit <end>'
+    assert ids[:len(tok.encode(task.issue)) + 1] == tok.encode(task.issue) + [tok.turn_id]
+    assert ids[-1] == tok.end_id and policy[-1] == 1
+    # every call is preceded by <turn>
+    starts = [t for t in range(1, len(ids)) if policy[t] and not policy[t - 1]]
+    assert all(ids[t - 1] == tok.turn_id for t in starts) and len(starts) == 4
+
+
+# rollouts ----------------------------------------------------------------------------------------
+
+def _rollout(model, tok, seed, tasks=TRAIN[:8], **kw):
+    return arl.rollout_batch(model, [arl.BugFixEnv() for _ in tasks], tasks, tok,
+                             generator=torch.Generator().manual_seed(seed), **kw)
+
+
+def test_rollout_reproducible_from_generator(tok, base):
+    a, b, c = _rollout(base, tok, 0), _rollout(base, tok, 0), _rollout(base, tok, 1)
+    assert all(torch.equal(x.ids, y.ids) and x.reward == y.reward for x, y in zip(a, b))
+    assert any(not torch.equal(x.ids, z.ids) for x, z in zip(a, c))
+
+
+def test_rollout_trajectories_are_consistent(tok, base):
+    tasks = [t for t in TRAIN for _ in range(2)]
+    for t, task in zip(_rollout(base, tok, 2, tasks), tasks):
+        assert t.ids.dtype == torch.long and t.action_mask.shape == (len(t.ids) - 1,)
+        assert t.sample_logp.shape == t.action_mask.shape
+        assert t.info['task'] == task.name
+        assert t.reward == float(t.info['submitted'] and t.info['hidden_pass'])
+        assert t.ids[0].item() == tok.index['issue']
+        n_calls = int(((t.ids == tok.end_id)[1:].double() * t.action_mask).sum())
+        assert n_calls <= t.info['n_turns'] <= 6
+        assert float(t.action_mask.sum()) <= arl.MAX_CALL_TOKENS * t.info['n_turns']
+        assert (t.sample_logp * (1 - t.action_mask)).abs().sum() == 0
+
+
+def test_cached_log_probs_equal_full_forward(tok, base, small):
+    for model in (base, small):
+        trajs = _rollout(model, tok, 4)
+        batch = arl.collate(trajs, tok.pad_id)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(batch['ids'])[:, :-1], -1).gather(2, batch['ids'][:, 1:, None])[..., 0]
+        for b, t in enumerate(trajs):
+            n = len(t.ids) - 1
+            diff = ((logp[b, :n] - t.sample_logp) * t.action_mask).abs().max().item()
+            assert diff < 1e-12
+
+
+def test_rollout_temperature_and_bad_inputs(tok, small):
+    _rollout(small, tok, 0, TRAIN[:2], temperature=0.5)
+    with pytest.raises(ValueError, match='temperature'):
+        _rollout(small, tok, 0, TRAIN[:2], temperature=0)
+    with pytest.raises(ValueError, match='temperature'):
+        _rollout(small, tok, 0, TRAIN[:2], temperature=-1.0)
+    with pytest.raises(ValueError, match='env'):
+        arl.rollout_batch(small, [arl.BugFixEnv()], TRAIN[:2], tok)
+
+
+def test_rollout_respects_max_turns(tok, small):
+    trajs = arl.rollout_batch(small, [arl.BugFixEnv(max_turns=2) for _ in TRAIN[:4]], TRAIN[:4], tok,
+                              max_turns=2, generator=torch.Generator().manual_seed(0))
+    assert all(t.info['n_turns'] <= 2 for t in trajs)
+
+
+# collate -----------------------------------------------------------------------------------------
+
+def test_collate_shapes_and_padding(tok, small):
+    trajs = _rollout(small, tok, 5, TRAIN[:5])
+    trajs[1] = arl.Trajectory(trajs[1].ids[:7], trajs[1].action_mask[:6], 1.0, {})
+    batch = arl.collate(trajs, tok.pad_id)
+    T = max(len(t.ids) for t in trajs)
+    assert batch['ids'].shape == (5, T) and batch['action_mask'].shape == (5, T - 1)
+    assert batch['rewards'].shape == (5,) and batch['rewards'][1] == 1.0
+    assert (batch['ids'][1, 7:] == tok.pad_id).all() and (batch['action_mask'][1, 6:] == 0).all()
+    for b, t in enumerate(trajs):
+        assert torch.equal(batch['ids'][b, :len(t.ids)], t.ids)
+        assert batch['action_mask'][b].sum() == t.action_mask.sum()
+    with pytest.raises(ValueError):
+        arl.collate([], tok.pad_id)
+
+
+# behavior cloning --------------------------------------------------------------------------------
+
+def test_demonstrations_are_deterministic_and_counted(tok):
+    a = arl.demonstrations(tok, ('blind',), seed=0)
+    assert a == arl.demonstrations(tok, ('blind',), seed=0)
+    assert sum(a.values()) == arl.EPISODES_PER_SET * len(TRAIN)
+    for (ids, policy), count in a.items():
+        assert len(ids) == len(policy) and count >= 1
+
+
+def test_behavior_clone_lowers_loss(tok):
+    demos = arl.demonstrations(tok, ('oracle',), seed=0)
+    model = arl.TinyAgent(len(tok), d_model=32, n_layers=1, n_heads=2, d_ff=64, seed=0)
+
+    def loss():
+        rows = list(demos.items())
+        ids, weight = arl.agent._demo_batch(rows)
+        with torch.no_grad():
+            logits = model(ids)[:, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
+                                                reduction='none')
+        return float((nll * weight.reshape(-1)).sum() / weight.sum())
+
+    before = loss()
+    arl.behavior_clone(model, demos, epochs=20)
+    assert loss() < 0.5 * before
+
+
+def test_make_base_agent_cache_returns_equal_independent_copies(tok, base):
+    again = arl.make_base_agent(tok)
+    assert again is not base
+    assert all(torch.equal(p, q) for p, q in zip(base.parameters(), again.parameters()))
+    with torch.no_grad():
+        next(again.parameters()).add_(1.0)
+    third = arl.make_base_agent(tok)
+    assert all(torch.equal(p, q) for p, q in zip(base.parameters(), third.parameters()))
+    assert not base.training
+
+
+def test_make_base_agent_rejects_unknown_kind(tok):
+    with pytest.raises(ValueError, match='kind'):
+        arl.make_base_agent(tok, kinds=('random', 'expert'))
+
+
+def test_base_agent_plays_valid_episodes(tok, base):
+    trajs = _rollout(base, tok, 6, [t for t in TRAIN for _ in range(4)])
+    stats = arl.play_stats([t.info for t in trajs])
+    invalid = sum(t.info['actions'].count('invalid') for t in trajs) / len(trajs)
+    assert invalid < 0.2
+    assert stats['edits'] >= 1.0 and 0.05 <= stats['pass_rate'] <= 0.6
