@@ -215,7 +215,7 @@ def zero_advantage_fraction(trajs, group_size):
 
 
 def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20, env_factory=None,
-             ref_model=None):
+             ref_model=None, callback=None):
     """Group-based RL on tasks, training model in place -> history: one dict of statistics per step."""
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -239,6 +239,8 @@ def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_e
         history.append(record)
         if log_every and (step % log_every == 0 or step == steps - 1):
             print(format_log_line(record))
+        if callback is not None:
+            callback(record)
     return history
 
 
