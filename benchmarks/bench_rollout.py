@@ -8,6 +8,7 @@ rollout_batch: sampling, tokenizing, building masks). Timings depend on the mach
 the script prints the thread count, CPU capability and load average it ran with.
 """
 import argparse
+import copy
 import os
 import statistics
 import time
@@ -89,6 +90,22 @@ def main():
           f'({step.total / total:.0%}, {step.calls // n} calls per rollout)')
     rest = total - feed.total - step.total
     print(f'  rest (sampling, tokenizing, Python):    {rest / n * 1e3:6.1f} ms ({rest / total:.0%})')
+
+    # the price of float64: the same rollout with a float32 copy of the model, interleaved runs
+    model32 = copy.deepcopy(model).float()
+
+    def rollout_with(m):
+        def run(seed):
+            envs = [arl.BugFixEnv() for _ in tasks]
+            return arl.rollout_batch(m, envs, tasks, tok, 6, 1.0, torch.Generator().manual_seed(seed))
+        return run
+
+    t64, t32 = [], []
+    for r in range(args.repeats):
+        t64.append(median_time(rollout_with(model), 1, time.process_time)[0])
+        t32.append(median_time(rollout_with(model32), 1, time.process_time)[0])
+    print(f'float64 vs float32 model, median CPU time per rollout: {statistics.median(t64) * 1e3:.1f} ms '
+          f'vs {statistics.median(t32) * 1e3:.1f} ms ({statistics.median(t64) / statistics.median(t32):.2f}x)')
 
 
 if __name__ == '__main__':
