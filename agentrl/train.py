@@ -1,0 +1,280 @@
+"""Command line entry point: train one RL configuration of Chapter 9 outside a notebook.
+
+    python -m agentrl.train --variant dapo --steps 40 --seed 1
+    python -m agentrl.train --steps 80 --group-size 4 --prompts-per-step 16 --max-edits none
+
+Every field of ``RLConfig`` is an option (``--field-name VALUE``). A ``--variant`` preset from
+``VARIANTS`` is applied first and explicit options override it. The run trains the RL base agent
+(``--base rl``, ``make_rl_base``) or Chapter 5's base agent (``--base default``) on the training
+tasks, evaluates on the held-out tasks every ``--eval-every`` steps, and writes into ``--out``:
+
+    history.json   one dict of statistics per step (train_rl's history)
+    config.json    the RLConfig as a dict, plus variant, base, steps, eval_every
+    eval.json      final held-out evaluation, 8 episodes per task (evaluate's statistics)
+    curves.png     learning curves of reward, reads and edits (plot_histories)
+
+This module is hand-written (not tangled from a chapter).
+"""
+import argparse
+import dataclasses
+import inspect
+import json
+import sys
+from pathlib import Path
+
+import agentrl as arl
+
+EVAL_SAMPLES = 8
+CURVE_KEYS = ('reward', 'reads', 'edits')
+_TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
+
+
+def _parse_bool(text):
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f'invalid boolean {text!r}; expected one of {_TRUE + _FALSE}')
+
+
+def _parse_int(text):
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'invalid integer {text!r}') from None
+
+
+def _parse_float(text):
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'invalid number {text!r}') from None
+
+
+def _or_none(parse, what):
+    def parser(text):
+        if text.strip().lower() == 'none':
+            return None
+        try:
+            return parse(text)
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f'invalid value {text!r}; expected {what} or none') from None
+    return parser
+
+
+def _parse_auto(text):
+    """A value for a field of unknown type: none, true/false, an int, a float, else the string."""
+    low = text.strip().lower()
+    if low == 'none':
+        return None
+    if low in ('true', 'false'):
+        return low == 'true'
+    for parse in (int, float):
+        try:
+            return parse(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _field_option(field):
+    """argparse keyword arguments (type, choices, metavar) for one RLConfig field."""
+    choices = {'adv_mode': arl.ADV_MODES, 'ratio_level': arl.RATIO_LEVELS, 'kl_kind': arl.KL_KINDS,
+               'loss_mode': arl.LOSS_MODES, 'reward': arl.REWARDS}
+    if field.name in choices:
+        return dict(type=str, choices=choices[field.name])
+    if field.name == 'max_edits':
+        return dict(type=_or_none(_parse_int, 'an integer'), metavar='{INT,none}')
+    if field.name == 'norm_const':
+        return dict(type=_or_none(_parse_float, 'a number'), metavar='{FLOAT,none}')
+    kind = field.type if isinstance(field.type, type) else type(field.default)
+    if kind is bool:
+        return dict(type=_parse_bool, metavar='{true,false}')
+    if kind is int:
+        return dict(type=_parse_int, metavar='INT')
+    if kind is float:
+        return dict(type=_parse_float, metavar='FLOAT')
+    return dict(type=_parse_auto, metavar='VALUE')
+
+
+def build_parser():
+    """The argument parser: run options, then one option per field of RLConfig."""
+    parser = argparse.ArgumentParser(
+        prog='python -m agentrl.train',
+        description='Train the RL base agent with train_rl (Chapter 9) on the BugFix gym and write '
+                    'history.json, config.json, eval.json and curves.png.',
+        epilog='Variant presets: ' + '; '.join(f'{name}: ' + ', '.join(f'{k}={v!r}' for k, v in fields.items())
+                                               for name, fields in arl.VARIANTS.items()),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    run = parser.add_argument_group('run')
+    run.add_argument('--variant', choices=(*arl.VARIANTS, 'default'), default='default',
+                     help="preset of VARIANTS applied before explicit options; 'default' = plain RLConfig()")
+    run.add_argument('--steps', type=_parse_int, default=40, help='training steps')
+    run.add_argument('--base', choices=('rl', 'default'), default='rl',
+                     help="starting agent: 'rl' = make_rl_base, 'default' = make_base_agent")
+    run.add_argument('--base-seed', type=_parse_int, default=0, help='seed of the base agent')
+    run.add_argument('--eval-every', type=_parse_int, default=20,
+                     help='held-out evaluation every N steps (and at the last step); 0 = only the final evaluation')
+    run.add_argument('--log-every', type=_parse_int, default=0,
+                     help='print a log line every N steps (0 = only the progress bar)')
+    run.add_argument('--threads', type=_parse_int, default=None, help="torch threads (default: torch's choice)%(default).0s")
+    run.add_argument('--no-progress', action='store_true', help='no progress bar')
+    run.add_argument('--out', default=None, help='output directory (default: runs/<variant>-seed<seed>)%(default).0s')
+    fields = parser.add_argument_group('RLConfig fields (a --variant preset may change the default)')
+    for field in dataclasses.fields(arl.RLConfig):
+        fields.add_argument('--' + field.name.replace('_', '-'), dest=field.name, default=argparse.SUPPRESS,
+                            help=f'RLConfig.{field.name} (default: {field.default!r})', **_field_option(field))
+    return parser
+
+
+_RANGES = [  # (field, test, what it must be): values RLConfig accepts but training would fail on
+    ('temperature', lambda v: v > 0, 'positive'),
+    ('max_turns', lambda v: v >= 1, 'at least 1'),
+    ('max_sample_rounds', lambda v: v >= 1, 'at least 1'),
+    ('overlong_buffer', lambda v: v >= 0, '0 or more'),
+    ('clip_low', lambda v: 0 <= v < 1, 'in [0, 1)'),
+    ('clip_high', lambda v: v >= 0, '0 or more'),
+    ('lr', lambda v: v > 0, 'positive'),
+    ('kl_coef', lambda v: v >= 0, '0 or more'),
+    ('max_grad_norm', lambda v: v > 0, 'positive'),
+    ('norm_const', lambda v: v is None or v > 0, 'none or positive'),
+]
+
+
+def check_ranges(cfg):
+    """The first out-of-range field of cfg as a message naming value and accepted range, or None."""
+    for name, ok, what in _RANGES:
+        if not ok(getattr(cfg, name)):
+            return f'{name} must be {what}, got {getattr(cfg, name)!r}'
+    if cfg.adv_mode == 'rloo' and cfg.group_size < 2:
+        return f"adv_mode 'rloo' needs group_size of at least 2, got {cfg.group_size}"
+    return None
+
+
+def parse_args(argv=None):
+    """Parse argv -> (args namespace, RLConfig); bad options or values exit with code 2."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    names = [field.name for field in dataclasses.fields(arl.RLConfig)]
+    explicit = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    for name in ('steps',):
+        if getattr(args, name) < 1:
+            parser.error(f'--{name} must be at least 1, got {getattr(args, name)}')
+    for name in ('eval_every', 'log_every'):
+        if getattr(args, name) < 0:
+            parser.error(f'--{name.replace("_", "-")} must be 0 or more, got {getattr(args, name)}')
+    if args.threads is not None and args.threads < 1:
+        parser.error(f'--threads must be at least 1, got {args.threads}')
+    preset = {} if args.variant == 'default' else arl.VARIANTS[args.variant]
+    try:
+        cfg = arl.RLConfig(**{**preset, **explicit})
+    except (ValueError, TypeError) as error:
+        parser.error(f'invalid configuration: {error}')
+    problem = check_ranges(cfg)
+    if problem:
+        parser.error(f'invalid configuration: {problem}')
+    if args.out is None:
+        args.out = str(Path('runs') / f'{args.variant}-seed{cfg.seed}')
+    return args, cfg
+
+
+def _jsonable(value):
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value
+    if callable(value):
+        return getattr(value, '__name__', repr(value))
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _write_json(path, obj):
+    def convert(o):
+        if isinstance(o, dict):
+            return {k: convert(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [convert(v) for v in o]
+        return _jsonable(o)
+    path.write_text(json.dumps(convert(obj), indent=1) + '\n')
+
+
+def _progress(steps, disable):
+    """A tqdm bar over steps and the train_rl callback that advances it."""
+    from tqdm.auto import tqdm
+    bar = tqdm(total=steps, desc='train_rl', unit='step', disable=disable, file=sys.stderr)
+    held = {}
+
+    def callback(record):
+        if 'eval_pass' in record:
+            held['value'] = record['eval_pass']
+        postfix = dict(reward=f"{record['reward']:.3f}", reads=f"{record['reads']:.2f}")
+        if held:
+            postfix['held-out'] = f"{held['value']:.3f}"
+        bar.set_postfix(postfix, refresh=False)
+        bar.update(1)
+
+    return bar, callback
+
+
+def run(args, cfg):
+    """Train as args and cfg say and write the four output files -> {name: path}."""
+    import torch
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    train_tasks, heldout_tasks = arl.make_tasks('train'), arl.make_tasks('heldout')
+    print(f'base agent ({args.base}, seed {args.base_seed}) ...', flush=True)
+    model = (arl.make_rl_base if args.base == 'rl' else arl.make_base_agent)(tok, args.base_seed)
+    kwargs = dict(eval_tasks=heldout_tasks, eval_every=args.eval_every or args.steps, log_every=args.log_every)
+    bar = None
+    if 'callback' in inspect.signature(arl.train_rl).parameters:
+        bar, kwargs['callback'] = _progress(args.steps, args.no_progress)
+    elif not args.log_every:
+        kwargs['log_every'] = max(1, args.steps // 10)       # no callback: log lines instead of a bar
+    if not args.eval_every:                                   # only the final evaluation below
+        kwargs.pop('eval_tasks')
+    try:
+        history = arl.train_rl(model, train_tasks, tok, cfg, args.steps, **kwargs)
+    finally:
+        if bar is not None:
+            bar.close()
+    held = arl.evaluate(model, heldout_tasks, tok, EVAL_SAMPLES, cfg.temperature,
+                        torch.Generator().manual_seed(cfg.seed), cfg)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in ('history.json', 'config.json', 'eval.json', 'curves.png')}
+    _write_json(paths['history.json'], history)
+    _write_json(paths['config.json'], dict(dataclasses.asdict(cfg), variant=args.variant, base=args.base,
+                                           base_seed=args.base_seed, steps=args.steps,
+                                           eval_every=args.eval_every))
+    _write_json(paths['eval.json'], dict(held, split='heldout', n_tasks=len(heldout_tasks),
+                                         n_samples=EVAL_SAMPLES, seed=cfg.seed))
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    axes = arl.plot_histories({f'{args.variant} seed {cfg.seed}': history}, keys=CURVE_KEYS)
+    axes[0].figure.tight_layout()
+    axes[0].figure.savefig(paths['curves.png'], dpi=100)
+    plt.close(axes[0].figure)
+
+    last = history[-1]
+    print(f"done: {args.steps} steps | reward (last step) {last['reward']:.3f} | "
+          f"held-out pass ({EVAL_SAMPLES} per task) {held['pass_rate']:.3f}")
+    for name, path in paths.items():
+        print(f'wrote {path}')
+    return paths
+
+
+def main(argv=None):
+    args, cfg = parse_args(argv)
+    run(args, cfg)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

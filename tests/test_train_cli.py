@@ -1,0 +1,153 @@
+"""Tests of the command line entry point `python -m agentrl.train` (agentrl/train.py).
+
+One real training run (1 step, 2 x 2 episodes) in a subprocess, shared by the file checks; the
+option parsing is tested in-process, where no model is built."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import agentrl as arl
+from agentrl import train
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args, cwd=None, timeout=900):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED='0')
+    return subprocess.run([sys.executable, '-m', 'agentrl.train', *args], capture_output=True, text=True,
+                          cwd=cwd or REPO, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope='module')
+def cli_run(tmp_path_factory):
+    """One run: dapo preset, clip_high overridden, 1 step of 2 tasks x 2 attempts, evaluated at step 0."""
+    out = tmp_path_factory.mktemp('cli') / 'run'
+    result = run_cli('--variant', 'dapo', '--steps', '1', '--group-size', '2', '--prompts-per-step', '2',
+                     '--seed', '1', '--clip-high', '0.3', '--eval-every', '1', '--threads', '1',
+                     '--out', str(out))
+    return result, out
+
+
+def test_cli_run_succeeds_and_prints_paths(cli_run):
+    result, out = cli_run
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ('history.json', 'config.json', 'eval.json', 'curves.png'):
+        assert (out / name).is_file()
+        assert f'wrote {out / name}' in result.stdout
+    assert 'train_rl' in result.stderr                                       # the progress bar
+
+
+def test_cli_history_json(cli_run):
+    _, out = cli_run
+    history = json.loads((out / 'history.json').read_text())
+    assert isinstance(history, list) and len(history) == 1
+    record = history[0]
+    assert record['step'] == 0 and record['n_episodes'] >= 4                 # dynamic sampling may resample
+    for key in ('reward', 'reads', 'edits', 'pass_rate', 'zero_adv_frac', 'eval_pass'):
+        assert isinstance(record[key], float) and 0.0 <= record[key] <= 6.0, key
+
+
+def test_cli_config_json_applies_preset_then_options(cli_run):
+    _, out = cli_run
+    config = json.loads((out / 'config.json').read_text())
+    fields = {f.name for f in dataclasses.fields(arl.RLConfig)}
+    assert fields <= set(config)
+    assert config['variant'] == 'dapo' and config['base'] == 'rl' and config['steps'] == 1
+    assert config['dynamic_sampling'] is True and config['overlong_buffer'] == 2     # from the preset
+    assert config['clip_high'] == 0.3                                                # option beats preset
+    assert config['group_size'] == 2 and config['prompts_per_step'] == 2 and config['seed'] == 1
+    assert config['max_edits'] == 1 and config['norm_const'] is None and config['reward'] == 'hidden'
+
+
+def test_cli_eval_json_and_png(cli_run):
+    _, out = cli_run
+    held = json.loads((out / 'eval.json').read_text())
+    assert held['n_samples'] == 8 and held['n_tasks'] == len(arl.make_tasks('heldout'))
+    assert 0.0 <= held['pass_rate'] <= 1.0 and set(held) >= {'reward', 'reads', 'edits', 'turns'}
+    assert (out / 'curves.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_cli_help_lists_every_option_with_default():
+    result = run_cli('--help', timeout=300)
+    assert result.returncode == 0, result.stderr
+    text = ' '.join(result.stdout.split())
+    for field in dataclasses.fields(arl.RLConfig):
+        assert f'--{field.name.replace("_", "-")}' in text
+        assert f'RLConfig.{field.name} (default: {field.default!r})' in text
+    for option in ('--variant', '--steps', '--base', '--eval-every', '--out'):
+        assert option in text
+    assert 'training steps (default: 40)' in text
+
+
+def test_cli_bad_value_exits_2_in_a_subprocess():
+    result = run_cli('--adv-mode', 'ppo', timeout=300)
+    assert result.returncode == 2
+    assert "'ppo'" in result.stderr and 'grpo' in result.stderr and 'rloo' in result.stderr
+
+
+# ------------------------------------------------------------------------- parsing, in-process
+
+def test_parse_defaults_and_out_path():
+    args, cfg = train.parse_args([])
+    assert cfg == arl.RLConfig() and args.variant == 'default' and args.steps == 40 and args.base == 'rl'
+    assert args.out == str(Path('runs') / 'default-seed0')
+    args, cfg = train.parse_args(['--variant', 'gspo', '--seed', '3'])
+    assert args.out == str(Path('runs') / 'gspo-seed3')
+    assert cfg == arl.RLConfig(seed=3, **arl.VARIANTS['gspo'])
+
+
+@pytest.mark.parametrize('variant', sorted(arl.VARIANTS))
+def test_parse_every_variant(variant):
+    _, cfg = train.parse_args(['--variant', variant])
+    assert cfg == arl.RLConfig(**arl.VARIANTS[variant])
+
+
+def test_parse_typed_values():
+    _, cfg = train.parse_args(['--max-edits', 'none', '--rename', 'false', '--norm-const', '120',
+                               '--temperature', '0.7', '--group-size', '4', '--reward', 'public',
+                               '--dynamic-sampling', 'yes', '--kl-kind', 'k1', '--loss-mode', 'constant'])
+    assert cfg.max_edits is None and cfg.rename is False and cfg.norm_const == 120.0
+    assert cfg.temperature == 0.7 and cfg.group_size == 4 and cfg.reward == 'public'
+    assert cfg.dynamic_sampling is True and cfg.kl_kind == 'k1' and cfg.loss_mode == 'constant'
+    _, cfg = train.parse_args(['--max-edits', '3', '--norm-const', 'none', '--variant', 'grpo', '--kl-coef', '0'])
+    assert cfg.max_edits == 3 and cfg.norm_const is None and cfg.kl_coef == 0.0
+
+
+@pytest.mark.parametrize('argv, words', [
+    (['--adv-mode', 'ppo'], ["'ppo'", 'grpo', 'mean', 'rloo']),
+    (['--ratio-level', 'word'], ["'word'", 'token', 'sequence']),
+    (['--kl-kind', 'k4'], ["'k4'", 'k1', 'k2', 'k3']),
+    (['--loss-mode', 'sum'], ["'sum'", 'token_mean', 'constant']),
+    (['--reward', 'secret'], ["'secret'", 'hidden', 'public']),
+    (['--variant', 'ppo'], ["'ppo'", 'dapo', 'gspo', 'default']),
+    (['--base', 'big'], ["'big'", 'rl', 'default']),
+    (['--group-size', 'eight'], ['--group-size', "'eight'", 'integer']),
+    (['--lr', 'fast'], ['--lr', "'fast'", 'number']),
+    (['--rename', 'maybe'], ['--rename', "'maybe'", 'true', 'false']),
+    (['--max-edits', 'many'], ['--max-edits', "'many'", 'integer', 'none']),
+    (['--max-edits', '0'], ['max_edits', '0']),
+    (['--group-size', '0'], ['group_size']),
+    (['--temperature', '0'], ['temperature', 'positive', '0.0']),
+    (['--clip-low', '1.5'], ['clip_low', '[0, 1)', '1.5']),
+    (['--adv-mode', 'rloo', '--group-size', '1'], ['rloo', 'group_size', '1']),
+    (['--steps', '0'], ['--steps', '0']),
+    (['--field-that-does-not-exist', '1'], ['unrecognized', '--field-that-does-not-exist']),
+])
+def test_parse_errors_exit_2_naming_value_and_accepted(argv, words, capsys):
+    with pytest.raises(SystemExit) as info:
+        train.parse_args(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_check_ranges_accepts_defaults_and_variants():
+    assert train.check_ranges(arl.RLConfig()) is None
+    for fields in arl.VARIANTS.values():
+        assert train.check_ranges(arl.RLConfig(**fields)) is None
