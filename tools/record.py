@@ -61,8 +61,12 @@ def source_notebook(md: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def _cell_key(cell) -> tuple:
-    meta = {k: v for k, v in cell.get("metadata", {}).items() if k not in VOLATILE_CELL_METADATA}
+PROSE_CELL_METADATA = ("mystnb",)   # figure captions and names: prose, not code (--prose-only may change them)
+
+
+def _cell_key(cell, ignore=()) -> tuple:
+    meta = {k: v for k, v in cell.get("metadata", {}).items()
+            if k not in VOLATILE_CELL_METADATA and k not in ignore}
     return (cell.cell_type, cell.source, json.dumps(meta, sort_keys=True))
 
 
@@ -80,7 +84,8 @@ def stale_report(md: Path, ipynb: Path, code_only: bool = False) -> str | None:
     for i in range(max(len(src), len(rec))):
         a = src[i] if i < len(src) else None
         b = rec[i] if i < len(rec) else None
-        if a is None or b is None or _cell_key(a) != _cell_key(b):
+        ignore = PROSE_CELL_METADATA if code_only else ()
+        if a is None or b is None or _cell_key(a, ignore) != _cell_key(b, ignore):
             if a is None or b is None:
                 detail = ("the record has extra cells from here" if a is None
                           else "the record ends before this cell")
