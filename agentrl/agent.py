@@ -14,6 +14,7 @@ __all__ = [
     'Block',
     'TinyAgent',
     'count_parameters',
+    'LONG_CHUNK',
     'rollout_batch',
     'collate',
     'EPISODES_PER_SET',
@@ -129,7 +130,7 @@ def plot_episode_tokens(tok, ids, policy, ax=None, per_row=16):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention and an MLP, with an optional KV cache."""
+    """Pre-norm transformer block: causal self-attention and an MLP."""
 
     def __init__(self, d_model, n_heads, d_ff):
         super().__init__()
@@ -138,16 +139,16 @@ class Block(nn.Module):
         self.qkv, self.proj = nn.Linear(d_model, 3 * d_model), nn.Linear(d_model, d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
 
-    def forward(self, x, attn_mask=None, cache=None):
-        """x [B, W, D] -> [B, W, D]; cache: dict with past 'k', 'v' [B, H, S, D/H], extended in place."""
-        B, W, D = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(B, W, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
-        if cache is not None:
-            if 'k' in cache:
-                k, v = torch.cat([cache['k'], k], 2), torch.cat([cache['v'], v], 2)
-            cache['k'], cache['v'] = k, v
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
-        x = x + self.proj(y.transpose(1, 2).reshape(B, W, D))
+    def forward(self, x):
+        """x [B, T, D] -> [B, T, D], each position attending to itself and the positions before it."""
+        B, T, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, T, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)           # [B, H, T, D/H]
+        return self._finish(x, y.transpose(1, 2).reshape(B, T, D))
+
+    def _finish(self, x, attended):
+        """Residual connections around the attention output and the MLP: [..., D] -> [..., D]."""
+        x = x + self.proj(attended)
         return x + self.mlp(self.ln2(x))
 
 
@@ -163,15 +164,13 @@ class TinyAgent(nn.Module):
         self.ln_f, self.head = nn.LayerNorm(d_model), nn.Linear(d_model, vocab_size)
         self.to(DTYPE)
 
-    def forward(self, ids, positions=None, attn_mask=None, caches=None):
-        """ids [B, W] -> logits [B, W, V]; positions/attn_mask/caches only for cached generation."""
-        if positions is None:
-            positions = torch.arange(ids.shape[1]).expand_as(ids)
-        if int(positions.max()) >= self.max_len:
-            raise ValueError(f'sequence position {int(positions.max())} exceeds max_len {self.max_len}')
-        x = self.embed(ids) + self.pos(positions)
-        for i, block in enumerate(self.blocks):
-            x = block(x, attn_mask, None if caches is None else caches[i])
+    def forward(self, ids):
+        """ids [B, T] -> logits [B, T, V]."""
+        if ids.shape[1] > self.max_len:
+            raise ValueError(f'sequence length {ids.shape[1]} exceeds max_len {self.max_len}')
+        x = self.embed(ids) + self.pos(torch.arange(ids.shape[1]))
+        for block in self.blocks:
+            x = block(x)
         return self.head(self.ln_f(x))
 
 
@@ -180,33 +179,87 @@ def count_parameters(model):
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+LONG_CHUNK = 8            # a feed runs chunks longer than this apart from the short ones
+
+
 class _Lockstep:
-    """Cached decoding for a batch of rows whose token sequences grow by different amounts."""
+    """Cached decoding of a batch of rows whose token sequences grow by different amounts."""
 
     def __init__(self, model, batch_size):
         self.model, self.B = model, batch_size
-        self.caches = [{} for _ in model.blocks]
-        self.key_valid = torch.zeros(batch_size, 0, dtype=torch.bool)   # [B, S] real tokens in the cache
-        self.length = torch.zeros(batch_size, dtype=torch.long)         # real tokens fed per row
+        self.keys = [None] * len(model.blocks)     # per block [B, H, slots, D/H]: slot p holds position p
+        self.values = [None] * len(model.blocks)
+        self.length = torch.zeros(batch_size, dtype=torch.long)        # tokens fed so far per row
+        vocab, _ = model.head.weight.shape
+        self.logits = torch.zeros(batch_size, vocab, dtype=model.head.weight.dtype)
 
     def feed(self, chunks):
-        """Append per-row token lists (may be empty) -> logits [B, V] after each row's last new token."""
-        W = max(len(c) for c in chunks)
-        ids = torch.zeros(self.B, W, dtype=torch.long)
-        valid = torch.zeros(self.B, W, dtype=torch.bool)
-        for b, chunk in enumerate(chunks):
-            ids[b, :len(chunk)], valid[b, :len(chunk)] = torch.tensor(chunk, dtype=torch.long), True
-        positions = (self.length[:, None] + valid.long().cumsum(1) - 1).clamp(min=0)
-        keys = torch.cat([self.key_valid, valid], 1)                            # [B, S + W]
-        causal = torch.ones(W, W, dtype=torch.bool).tril()
-        new = torch.cat([torch.ones(W, self.key_valid.shape[1], dtype=torch.bool), causal], 1)  # [W, S + W]
-        attn_mask = (new[None] & keys[:, None, :])[:, None]                     # [B, 1, W, S + W]
+        """Append new tokens {row: [ids]} -> logits [B, V] after each row's latest token."""
+        long = {b: chunk for b, chunk in chunks.items() if len(chunk) > LONG_CHUNK}
+        if long and len(long) < len(chunks):     # feed long chunks apart: short ones need no padding to them
+            self.feed(long)
+            chunks = {b: chunk for b, chunk in chunks.items() if b not in long}
+        rows = sorted(b for b, chunk in chunks.items() if chunk)
+        if not rows:
+            return self.logits
+        sizes = torch.tensor([len(chunks[b]) for b in rows])
+        new = _NewTokens(torch.tensor(rows), sizes, self.length[rows], self.B)
+        if new.span > self.model.max_len:
+            raise ValueError(f'sequence position {new.span - 1} exceeds max_len {self.model.max_len}')
+        self._reserve(new.span)
+        ids = torch.tensor([i for b in rows for i in chunks[b]])
         with torch.no_grad():
-            logits = self.model(ids, positions, attn_mask, self.caches)         # [B, W, V]
-        self.key_valid = keys
-        last = (valid.sum(1) - 1).clamp(min=0)
-        self.length += valid.sum(1)
-        return logits[torch.arange(self.B), last]
+            x = self.model.embed(ids) + self.model.pos(new.pos)                 # [N, D]
+            for block, keys, values in zip(self.model.blocks, self.keys, self.values):
+                x = self._block(block, x, keys, values, new)
+            self.logits[new.rows] = self.model.head(self.model.ln_f(x[sizes.cumsum(0) - 1]))
+        self.length[new.rows] += sizes
+        return self.logits
+
+    def _reserve(self, slots):
+        """Grow every cache to at least `slots` positions, doubling, with zeros in the new slots."""
+        have = 0 if self.keys[0] is None else self.keys[0].shape[2]
+        if slots <= have:
+            return
+        size = max(slots, 2 * have, 64)
+        heads, (_, width) = self.model.blocks[0].n_heads, self.model.head.weight.shape
+        grow = torch.zeros(self.B, heads, size - have, width // heads, dtype=self.logits.dtype)
+        for i in range(len(self.keys)):
+            self.keys[i] = grow.clone() if not have else torch.cat([self.keys[i], grow], 2)
+            self.values[i] = grow.clone() if not have else torch.cat([self.values[i], grow], 2)
+
+    @staticmethod
+    def _block(block, x, keys, values, new):
+        """One block on the new tokens x [N, D] only; their keys and values join the cache."""
+        N, D = x.shape
+        heads = block.n_heads
+        q, k, v = block.qkv(block.ln1(x)).view(N, 3, heads, D // heads).unbind(1)   # [N, H, D/H] each
+        keys[new.row, :, new.pos], values[new.row, :, new.pos] = k, v
+        queries = x.new_zeros(new.mask.shape[0], new.width, heads, D // heads)
+        queries[new.group, new.offset] = q                                         # [G, W, H, D/H]
+        past_k, past_v = keys[new.attend, :, :new.span], values[new.attend, :, :new.span]   # [G, H, S, D/H]
+        y = F.scaled_dot_product_attention(queries.transpose(1, 2), past_k, past_v, attn_mask=new.mask)
+        return block._finish(x, y.transpose(1, 2)[new.group, new.offset].reshape(N, D))
+
+
+class _NewTokens:
+    """Where the N new tokens of a feed go: sizes [R] tokens for rows [R] of the batch, whose lengths are [R].
+
+    Attention runs on G query rows: the fed rows alone if they are few, else every row of the batch
+    (a cheap view of the cache instead of a copy; rows without new tokens get an empty query)."""
+
+    def __init__(self, rows, sizes, lengths, batch_size):
+        self.rows, self.width = rows, int(sizes.max())
+        fed = torch.repeat_interleave(torch.arange(len(rows)), sizes)            # [N] index into rows
+        self.offset = torch.arange(int(sizes.sum())) - (sizes.cumsum(0) - sizes)[fed]   # [N] index in its chunk
+        self.row = rows[fed]                                                     # [N] batch row
+        self.pos = lengths[fed] + self.offset                                    # [N] position in the row
+        self.span = int(self.pos.max()) + 1                                      # cache slots in use
+        few = 2 * len(rows) <= batch_size
+        self.attend, self.group = (rows, fed) if few else (slice(None), self.row)
+        query_pos = torch.zeros(len(rows) if few else batch_size, self.width, dtype=torch.long)
+        query_pos[self.group, self.offset] = self.pos
+        self.mask = (torch.arange(self.span) <= query_pos[..., None])[:, None]   # [G, 1, W, S]
 
 
 def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0, generator=None):
@@ -221,28 +274,26 @@ def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0, generat
     logps = [[0.0] * len(t) for t in tokens]                     # sampling log-prob of policy tokens
     results = [None] * B
     decoder = _Lockstep(model, B)
-    logits = decoder.feed(tokens)
+    logits = decoder.feed(dict(enumerate(tokens)))
     for _ in range(max_turns):
         active = [b for b in range(B) if results[b] is None]
         if not active:
             break
         calls = {b: [] for b in active}
-        writing = set(active)
+        writing = active
         for k in range(MAX_CALL_TOKENS):
-            log_probs = torch.log_softmax(logits / temperature, -1)
-            sampled = torch.multinomial(log_probs.exp(), 1, generator=generator)[:, 0]
-            chosen = log_probs.gather(1, sampled[:, None])[:, 0].tolist()
-            sampled = sampled.tolist()
-            for b in list(writing):
-                calls[b].append(sampled[b])
-                logps[b].append(chosen[b])
-                if sampled[b] == tok.end_id:
-                    writing.discard(b)
+            log_probs = torch.log_softmax(logits[writing] / temperature, -1)        # [rows writing, V]
+            sampled = torch.multinomial(log_probs.exp(), 1, generator=generator)
+            chosen = log_probs.gather(1, sampled)[:, 0].tolist()
+            for b, token, logp in zip(writing, sampled[:, 0].tolist(), chosen):
+                calls[b].append(token)
+                logps[b].append(logp)
+            writing = [b for b in writing if calls[b][-1] != tok.end_id]
             if not writing or k == MAX_CALL_TOKENS - 1:
                 break
-            logits = decoder.feed([[calls[b][-1]] if b in writing else [] for b in range(B)])
+            logits = decoder.feed({b: calls[b][-1:] for b in writing})
         # every row's last call token is not yet in the cache: feed it with the observation
-        chunks = [[] for _ in range(B)]
+        chunks = {}
         for b in active:
             call = calls[b]
             tokens[b] += call
@@ -257,8 +308,7 @@ def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0, generat
             tokens[b] += obs
             policy[b] += [0] * len(obs)
             logps[b] += [0.0] * len(obs)
-        if any(chunks):
-            logits = decoder.feed(chunks)
+        logits = decoder.feed(chunks)
     trajs = []
     for b in range(B):
         ids = torch.tensor(tokens[b], dtype=torch.long)
