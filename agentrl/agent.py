@@ -319,17 +319,21 @@ def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0, generat
 
 
 def collate(trajs, pad_id):
-    """Right-pad trajectories -> {'ids' [B, T], 'action_mask' [B, T-1], 'rewards' [B]}."""
+    """Right-pad trajectories -> ids [B, T], action_mask and sample_logp [B, T-1], rewards and lengths [B]."""
     if not trajs:
         raise ValueError('collate needs at least one trajectory')
     T = max(len(t.ids) for t in trajs)
     ids = torch.full((len(trajs), T), pad_id, dtype=torch.long)
     mask = torch.zeros(len(trajs), T - 1, dtype=DTYPE)
+    sample_logp = torch.zeros(len(trajs), T - 1, dtype=DTYPE)    # 0 where not sampled (or not recorded)
     for b, t in enumerate(trajs):
         ids[b, :len(t.ids)] = t.ids
         mask[b, :len(t.action_mask)] = t.action_mask
+        if t.sample_logp is not None:
+            sample_logp[b, :len(t.sample_logp)] = t.sample_logp
     rewards = torch.tensor([float(t.reward) for t in trajs], dtype=DTYPE)
-    return dict(ids=ids, action_mask=mask, rewards=rewards)
+    lengths = torch.tensor([len(t.ids) for t in trajs])
+    return dict(ids=ids, action_mask=mask, sample_logp=sample_logp, rewards=rewards, lengths=lengths)
 
 
 EPISODES_PER_SET = 4          # one demonstration set: 4 scripted episodes of one kind per training task

@@ -85,8 +85,15 @@ class RLConfig:
             raise ValueError(f'unknown reward {self.reward!r}; expected one of {arl.REWARDS} or a callable')
         if self.max_edits is not None and self.max_edits < 1:
             raise ValueError(f'max_edits must be None or at least 1, got {self.max_edits!r}')
-        if self.group_size < 1 or self.prompts_per_step < 1 or self.minibatches < 1 or self.epochs < 1:
-            raise ValueError('group_size, prompts_per_step, minibatches and epochs must all be at least 1')
+        for name in ('group_size', 'prompts_per_step', 'max_turns', 'max_sample_rounds', 'minibatches', 'epochs'):
+            if getattr(self, name) < 1:
+                raise ValueError(f'{name} must be at least 1, got {getattr(self, name)!r}')
+        if self.temperature <= 0 or self.lr <= 0:
+            raise ValueError(f'temperature and lr must be positive, got {self.temperature!r} and {self.lr!r}')
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low!r} and {self.clip_high!r}')
+        if not 0 <= self.overlong_buffer <= self.max_turns:
+            raise ValueError(f'overlong_buffer must be in [0, max_turns={self.max_turns}], got {self.overlong_buffer!r}')
 
 
 def make_env(cfg):
@@ -121,7 +128,7 @@ def behavior_stats(trajs):
                 reads=mean(t.info['actions'].count('read') for t in trajs),
                 tests=mean(t.info['actions'].count('test') for t in trajs),
                 edits=mean(len(t.info['ops']) for t in trajs),
-                first_edit_right=mean(t.info['ops'][:1] == [FIX_OP[t.info['task']]] for t in trajs),
+                first_edit_right=mean(t.info['ops'][:1] == [FIX_OP.get(t.info['task'])] for t in trajs),
                 turns=mean(t.info['n_turns'] for t in trajs),
                 length=mean(float(t.action_mask.sum()) for t in trajs))
 
@@ -162,24 +169,34 @@ def policy_loss(logp, old_logp, advantages, mask, cfg):
     raise ValueError(f'unknown ratio_level {cfg.ratio_level!r}; expected one of {RATIO_LEVELS}')
 
 
-def token_log_probs(model, ids, temperature):
-    """Log-prob of every next token at the sampling temperature: ids [B, T] -> [B, T-1]."""
-    return arl.selected_log_probs(model(ids)[:, :-1] / temperature, ids[:, 1:])
+def token_log_probs(model, ids, lengths, temperature, rows_per_pass=8):
+    """Log-prob of each next token at the sampling temperature, and the entropy: ids [B, T], lengths [B] -> [B, T-1] x 2.
+
+    Rows go through the model in passes of rows_per_pass similar lengths, each cut to its longest row."""
+    logp = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=arl.DTYPE)
+    entropy = torch.zeros_like(logp)
+    for rows in lengths.argsort().split(rows_per_pass):
+        T = int(lengths[rows].max())
+        logits = model(ids[rows, :T])[:, :-1] / temperature                  # [rows, T-1, V]
+        logp[rows, :T - 1] = arl.selected_log_probs(logits, ids[rows, 1:T])
+        entropy[rows, :T - 1] = arl.entropy_from_logits(logits.detach())
+    return logp, entropy
 
 
 def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generator=None):
     """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> mean statistics of the steps."""
-    ids, mask = batch['ids'], batch['action_mask']                    # [B, T], [B, T-1]
-    with torch.no_grad():                                             # pi_old and pi_ref, frozen
-        old_logp = token_log_probs(model, ids, cfg.temperature)
-        ref_logp = None if ref_model is None else token_log_probs(ref_model, ids, cfg.temperature)
+    ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']    # [B, T], [B, T-1], [B]
+    old_logp = batch['sample_logp']                  # pi_old: recorded while sampling (Chapter 5)
+    ref_logp = None
+    if ref_model is not None and cfg.kl_coef:
+        with torch.no_grad():
+            ref_logp, _ = token_log_probs(ref_model, ids, lengths, cfg.temperature)
     logs = []
     for _ in range(cfg.epochs):
         for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
-            logits = model(ids[rows])[:, :-1] / cfg.temperature       # [b, T-1, V]
-            logp = arl.selected_log_probs(logits, ids[rows, 1:])
+            logp, entropy = token_log_probs(model, ids[rows], lengths[rows], cfg.temperature)
             loss, stats = policy_loss(logp, old_logp[rows], advantages[rows], mask[rows], cfg)
-            if ref_logp is not None and cfg.kl_coef:
+            if ref_logp is not None:
                 kl = arl.masked_mean(kl_penalty(logp, ref_logp[rows], cfg.kl_kind), mask[rows])
                 loss = loss + cfg.kl_coef * kl
                 stats['kl_ref'] = kl.item()
@@ -187,7 +204,7 @@ def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generato
             loss.backward()
             stats['grad_norm'] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             optimizer.step()
-            stats['entropy'] = arl.masked_mean(arl.entropy_from_logits(logits.detach()), mask[rows]).item()
+            stats['entropy'] = arl.masked_mean(entropy, mask[rows]).item()
             logs.append(stats)
     return {key: sum(s[key] for s in logs) / len(logs) for key in logs[0]}
 
@@ -217,6 +234,8 @@ def zero_advantage_fraction(trajs, group_size):
 def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20, env_factory=None,
              ref_model=None, callback=None):
     """Group-based RL on tasks, training model in place -> history: one dict of statistics per step."""
+    if eval_every < 1:
+        raise ValueError(f'eval_every must be at least 1, got {eval_every!r}')
     torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
     env_factory = env_factory or (lambda: make_env(cfg))
@@ -293,6 +312,8 @@ def make_rl_base(tok, seed=0):
 
 def smooth(values, window=5):
     """Trailing moving average of a list of floats -> list of the same length."""
+    if window < 1:
+        raise ValueError(f'window must be at least 1, got {window!r}')
     out, total = [], 0.0
     for i, value in enumerate(values):
         total += value - (values[i - window] if i >= window else 0.0)
