@@ -9,7 +9,9 @@ __all__ = [
     'make_env',
     'sample_groups',
     'FIX_OP',
+    'episode_behavior',
     'behavior_stats',
+    'overlong_penalty',
     'compute_advantages',
     'kl_penalty',
     'policy_loss',
@@ -17,12 +19,14 @@ __all__ = [
     'rl_update',
     'sample_step',
     'zero_advantage_fraction',
+    'EVAL_SAMPLES',
     'train_rl',
     'format_log_line',
     'evaluate',
     'FN_NAMES',
     'randomize_names',
     'EditBudgetEnv',
+    'RL_BASE_KINDS',
     'make_rl_base',
     'smooth',
     'plot_histories',
@@ -33,7 +37,9 @@ __all__ = [
 
 import copy
 import dataclasses
+import functools
 import random
+import re
 from dataclasses import dataclass
 
 import torch
@@ -97,94 +103,105 @@ class RLConfig:
 
 
 def make_env(cfg):
-    """A fresh environment as cfg describes it: turn budget, reward and edit budget."""
-    if cfg.max_edits is None:
-        return arl.BugFixEnv(cfg.max_turns, cfg.reward)
-    return EditBudgetEnv(cfg.max_turns, cfg.reward, cfg.max_edits)
+    """A fresh environment for one episode: cfg's turn budget and reward, and its edit budget if any."""
+    if cfg.max_edits is not None:
+        return EditBudgetEnv(max_turns=cfg.max_turns, reward=cfg.reward, max_edits=cfg.max_edits)
+    return arl.BugFixEnv(max_turns=cfg.max_turns, reward=cfg.reward)
 
 
 def sample_groups(model, env_factory, tasks, tok, cfg, generator):
-    """cfg.group_size consecutive episodes of every task -> [Trajectory] of length len(tasks) * G."""
-    batch = [task for task in tasks for _ in range(cfg.group_size)]
+    """Roll out cfg.group_size attempts at each task, a task's attempts side by side -> [Trajectory] (len(tasks) * G)."""
+    attempts = [task for task in tasks for _ in range(cfg.group_size)]
     if cfg.rename:
-        names = random.Random(int(torch.randint(2 ** 31, (1,), generator=generator)))
-        batch = [randomize_names(task, names) for task in batch]
-    envs = [env_factory() for _ in batch]
-    return arl.rollout_batch(model, envs, batch, tok, cfg.max_turns, cfg.temperature, generator)
+        renamer = random.Random(torch.randint(2 ** 62, (), generator=generator).item())   # seeded by the step
+        attempts = [randomize_names(task, renamer) for task in attempts]
+    envs = [env_factory() for _ in attempts]
+    return arl.rollout_batch(model, envs, attempts, tok, cfg.max_turns, cfg.temperature, generator)
 
 
 FIX_OP = {task.name: task.fix_op for task in arl.make_tasks('all')}
 
 
+def episode_behavior(trajectory):
+    """What one episode did: passed, reward, reads, tests, edits, first_edit_right, turns, length (policy tokens)."""
+    info, ops = trajectory.info, trajectory.info['ops']
+    return dict(pass_rate=float(info['submitted'] and info['hidden_pass']), reward=float(trajectory.reward),
+                reads=info['actions'].count('read'), tests=info['actions'].count('test'), edits=len(ops),
+                first_edit_right=float(bool(ops) and ops[0] == FIX_OP.get(info['task'])),
+                turns=info['n_turns'], length=float(trajectory.action_mask.sum()))
+
+
 def behavior_stats(trajs):
-    """Per-episode means: pass_rate, reward, reads, tests, edits, first_edit_right, turns, length."""
-    n = len(trajs)
+    """episode_behavior averaged over episodes -> dict of floats."""
+    if not trajs:
+        raise ValueError('behavior_stats needs at least one episode')
+    rows = [episode_behavior(t) for t in trajs]
+    return {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
 
-    def mean(values):
-        return sum(values) / n
 
-    return dict(pass_rate=mean(float(t.info['submitted'] and t.info['hidden_pass']) for t in trajs),
-                reward=mean(t.reward for t in trajs),
-                reads=mean(t.info['actions'].count('read') for t in trajs),
-                tests=mean(t.info['actions'].count('test') for t in trajs),
-                edits=mean(len(t.info['ops']) for t in trajs),
-                first_edit_right=mean(t.info['ops'][:1] == [FIX_OP.get(t.info['task'])] for t in trajs),
-                turns=mean(t.info['n_turns'] for t in trajs),
-                length=mean(float(t.action_mask.sum()) for t in trajs))
+def overlong_penalty(n_turns, cfg):
+    """DAPO's soft length penalty per episode: 0, then rising linearly to 1 over the last cfg.overlong_buffer turns -> [B]."""
+    if not cfg.overlong_buffer:
+        return torch.zeros_like(n_turns)
+    turns_into_buffer = n_turns - (cfg.max_turns - cfg.overlong_buffer)
+    return (turns_into_buffer / cfg.overlong_buffer).clamp(0.0, 1.0)
 
 
 def compute_advantages(batch, cfg):
-    """One advantage per episode [B] from batch['rewards'] [B] in consecutive groups of cfg.group_size."""
+    """One advantage per episode from batch['rewards'] [B], in groups of cfg.group_size side by side -> [B]."""
+    if cfg.adv_mode not in ADV_MODES:
+        raise ValueError(f'unknown adv_mode {cfg.adv_mode!r}; expected one of {ADV_MODES}')
     rewards = batch['rewards']
     if cfg.overlong_buffer:
-        late = (batch['n_turns'] - (cfg.max_turns - cfg.overlong_buffer)).clamp(min=0)
-        rewards = rewards - (late / cfg.overlong_buffer).clamp(max=1.0)
+        rewards = rewards - overlong_penalty(batch['n_turns'], cfg)
     if cfg.adv_mode == 'rloo':
         return arl.rloo_advantages(rewards, cfg.group_size)
-    if cfg.adv_mode in ('grpo', 'mean'):
-        return arl.group_advantages(rewards, cfg.group_size, normalize_std=cfg.adv_mode == 'grpo')
-    raise ValueError(f'unknown adv_mode {cfg.adv_mode!r}; expected one of {ADV_MODES}')
+    return arl.group_advantages(rewards, cfg.group_size, normalize_std=(cfg.adv_mode == 'grpo'))
 
 
 def kl_penalty(logp, ref_logp, kind='k3'):
-    """Per-token estimate of KL(pi_theta || pi_ref) from tokens sampled by pi_theta: [B, T] -> [B, T]."""
-    log_ratio = ref_logp.detach() - logp          # log pi_ref / pi_theta
+    """Per-token estimate of KL(pi_theta || pi_ref) at tokens pi_theta sampled: logp, ref_logp [B, T] -> [B, T]."""
+    if kind not in KL_KINDS:
+        raise ValueError(f'unknown kl_kind {kind!r}; expected one of {KL_KINDS}')
+    drift = logp - ref_logp.detach()              # log pi_theta / pi_ref
     if kind == 'k1':
-        return -log_ratio
+        return drift
     if kind == 'k2':
-        return 0.5 * log_ratio ** 2
-    if kind == 'k3':
-        return log_ratio.exp() - 1 - log_ratio
-    raise ValueError(f'unknown kl_kind {kind!r}; expected one of {KL_KINDS}')
+        return drift.square() / 2
+    return torch.expm1(-drift) + drift              # k3 = r - 1 - log r with r = pi_ref / pi_theta
 
 
 def policy_loss(logp, old_logp, advantages, mask, cfg):
-    """The clipped surrogate at cfg.ratio_level: logp, old_logp, mask [B, T], advantages [B] -> (loss, stats)."""
-    if cfg.ratio_level == 'token':
-        norm = cfg.norm_const or len(logp) * cfg.max_turns * arl.MAX_CALL_TOKENS
-        return arl.ppo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high,
-                                   cfg.loss_mode, norm_const=norm)
+    """PPO's clipped surrogate on token ratios, or GSPO's on sequence ratios: logp, old_logp, mask [B, T]; advantages [B]."""
     if cfg.ratio_level == 'sequence':
         return gspo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high)
-    raise ValueError(f'unknown ratio_level {cfg.ratio_level!r}; expected one of {RATIO_LEVELS}')
+    if cfg.ratio_level != 'token':
+        raise ValueError(f'unknown ratio_level {cfg.ratio_level!r}; expected one of {RATIO_LEVELS}')
+    norm_const = cfg.norm_const
+    if norm_const is None:                         # the most policy tokens these rows could hold
+        norm_const = logp.shape[0] * cfg.max_turns * arl.MAX_CALL_TOKENS
+    return arl.ppo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.loss_mode,
+                               norm_const=norm_const)
 
 
 def token_log_probs(model, ids, lengths, temperature, rows_per_pass=8):
     """Log-prob of each next token at the sampling temperature, and the entropy: ids [B, T], lengths [B] -> [B, T-1] x 2.
 
-    Rows go through the model in passes of rows_per_pass similar lengths, each cut to its longest row."""
+    Rows go through the model in passes of rows_per_pass similar lengths, each cut to its longest
+    row; both outputs are 0 past a row's own length."""
     logp = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=arl.DTYPE)
     entropy = torch.zeros_like(logp)
     for rows in lengths.argsort().split(rows_per_pass):
         T = int(lengths[rows].max())
+        inside = torch.arange(T - 1) < lengths[rows, None] - 1                 # [rows, T-1]
         logits = model(ids[rows, :T])[:, :-1] / temperature                  # [rows, T-1, V]
-        logp[rows, :T - 1] = arl.selected_log_probs(logits, ids[rows, 1:T])
-        entropy[rows, :T - 1] = arl.entropy_from_logits(logits.detach())
+        logp[rows, :T - 1] = arl.selected_log_probs(logits, ids[rows, 1:T]) * inside
+        entropy[rows, :T - 1] = arl.entropy_from_logits(logits.detach()) * inside
     return logp, entropy
 
 
 def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generator=None):
-    """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> mean statistics of the steps."""
+    """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> the steps' mean statistics."""
     ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']    # [B, T], [B, T-1], [B]
     old_logp = batch['sample_logp']                  # pi_old: recorded while sampling (Chapter 5)
     ref_logp = None
@@ -210,83 +227,99 @@ def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generato
 
 
 def sample_step(model, env_factory, tasks, tok, cfg, generator):
-    """One step's groups -> (episodes kept for the update, every episode sampled)."""
-    want, kept, sampled = cfg.prompts_per_step * cfg.group_size, [], []
-    for _ in range(cfg.max_sample_rounds if cfg.dynamic_sampling else 1):
+    """Sample one step's groups -> (the episodes to learn from, every episode sampled)."""
+    wanted = cfg.prompts_per_step * cfg.group_size
+    rounds_left = cfg.max_sample_rounds if cfg.dynamic_sampling else 1
+    kept, sampled = [], []
+    while rounds_left and len(kept) < wanted:
         picked = torch.randperm(len(tasks), generator=generator)[:cfg.prompts_per_step].tolist()
-        trajs = sample_groups(model, env_factory, [tasks[i] for i in picked], tok, cfg, generator)
-        sampled += trajs
-        for start in range(0, len(trajs), cfg.group_size):
-            group = trajs[start:start + cfg.group_size]
-            if not cfg.dynamic_sampling or len({t.reward for t in group}) > 1:
+        episodes = sample_groups(model, env_factory, [tasks[i] for i in picked], tok, cfg, generator)
+        sampled += episodes
+        for group in _groups(episodes, cfg.group_size):
+            if not cfg.dynamic_sampling or len({t.reward for t in group}) > 1:    # equal rewards teach nothing
                 kept += group
-        if len(kept) >= want:
-            break
-    return kept[:want], sampled
+        rounds_left -= 1
+    return kept[:wanted], sampled
+
+
+def _groups(trajs, group_size):
+    """Consecutive groups of group_size episodes."""
+    return [trajs[i:i + group_size] for i in range(0, len(trajs), group_size)]
 
 
 def zero_advantage_fraction(trajs, group_size):
     """Share of the consecutive groups of group_size episodes whose rewards are all equal."""
-    groups = [trajs[i:i + group_size] for i in range(0, len(trajs), group_size)]
+    groups = _groups(trajs, group_size)
     return sum(len({t.reward for t in group}) == 1 for group in groups) / len(groups)
+
+
+EVAL_SAMPLES = 4          # episodes per held-out task at each evaluation inside train_rl
 
 
 def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20, env_factory=None,
              ref_model=None, callback=None):
-    """Group-based RL on tasks, training model in place -> history: one dict of statistics per step."""
+    """Train model in place with group-relative RL for `steps` steps -> history: one dict of statistics per step."""
     if eval_every < 1:
         raise ValueError(f'eval_every must be at least 1, got {eval_every!r}')
-    torch.manual_seed(cfg.seed)
     generator = torch.Generator().manual_seed(cfg.seed)
-    env_factory = env_factory or (lambda: make_env(cfg))
-    if cfg.kl_coef and ref_model is None:
-        ref_model = copy.deepcopy(model).eval()
+    env_factory = env_factory or functools.partial(make_env, cfg)
+    if ref_model is None and cfg.kl_coef:
+        ref_model = copy.deepcopy(model).eval()        # pi_ref: the starting policy, frozen
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     history = []
     for step in range(steps):
         kept, sampled = sample_step(model, env_factory, tasks, tok, cfg, generator)
-        record = dict(step=step, n_episodes=len(sampled),
-                      zero_adv_frac=zero_advantage_fraction(sampled, cfg.group_size), **behavior_stats(sampled))
+        record = dict(step=step, n_episodes=len(sampled), zero_adv_frac=zero_advantage_fraction(sampled, cfg.group_size))
+        record.update(behavior_stats(sampled))
         if kept:
-            batch = arl.collate(kept, tok.pad_id)
-            batch['n_turns'] = torch.tensor([float(t.info['n_turns']) for t in kept], dtype=arl.DTYPE)
-            record.update(rl_update(model, optimizer, batch, compute_advantages(batch, cfg), cfg,
-                                    ref_model, generator))
-        if eval_tasks is not None and (step % eval_every == 0 or step == steps - 1):
-            record['eval_pass'] = evaluate(model, eval_tasks, tok, 4, cfg.temperature,
+            record.update(_learn_from(kept, model, optimizer, tok, cfg, ref_model, generator))
+        last = step == steps - 1
+        if eval_tasks is not None and (step % eval_every == 0 or last):
+            record['eval_pass'] = evaluate(model, eval_tasks, tok, EVAL_SAMPLES, cfg.temperature,
                                            torch.Generator().manual_seed(step), cfg, env_factory)['pass_rate']
         history.append(record)
-        if log_every and (step % log_every == 0 or step == steps - 1):
+        if log_every and (step % log_every == 0 or last):
             print(format_log_line(record))
         if callback is not None:
             callback(record)
     return history
 
 
+def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator):
+    """Collate episodes, compute their advantages and run rl_update -> the update's statistics."""
+    batch = arl.collate(episodes, tok.pad_id)
+    batch['n_turns'] = torch.tensor([t.info['n_turns'] for t in episodes], dtype=arl.DTYPE)
+    return rl_update(model, optimizer, batch, compute_advantages(batch, cfg), cfg, ref_model, generator)
+
+
 def format_log_line(record):
-    """The progress line of one history record."""
-    line = (f"step {record['step']:3d} | reward {record['reward']:.3f} | reads {record['reads']:.2f}"
-            f" | edits {record['edits']:.2f} | entropy {record.get('entropy', 0.0):.3f}")
-    return line + (f" | held-out {record['eval_pass']:.3f}" if 'eval_pass' in record else '')
+    """One progress line for a history record."""
+    parts = [f"step {record['step']:3d}", f"reward {record['reward']:.3f}", f"reads {record['reads']:.2f}",
+             f"edits {record['edits']:.2f}", f"entropy {record.get('entropy', 0.0):.3f}"]
+    if 'eval_pass' in record:
+        parts.append(f"held-out {record['eval_pass']:.3f}")
+    return ' | '.join(parts)
 
 
 def evaluate(model, tasks, tok, n_samples=1, temperature=1.0, generator=None, cfg=None, env_factory=None):
-    """n_samples episodes per task in cfg's environment -> behavior_stats (pass_rate, reads, ...)."""
-    cfg = dataclasses.replace(cfg or RLConfig(), group_size=n_samples, temperature=temperature)
-    generator = generator or torch.Generator().manual_seed(0)
-    trajs = sample_groups(model, env_factory or (lambda: make_env(cfg)), tasks, tok, cfg, generator)
-    return behavior_stats(trajs)
+    """Sample n_samples episodes of every task in cfg's environment, without learning -> behavior_stats."""
+    settings = dataclasses.replace(cfg if cfg is not None else RLConfig(), group_size=n_samples,
+                                   temperature=temperature)
+    if generator is None:
+        generator = torch.Generator().manual_seed(0)
+    env_factory = env_factory or functools.partial(make_env, settings)
+    return behavior_stats(sample_groups(model, env_factory, tasks, tok, settings, generator))
 
 
-FN_NAMES = sorted({variant['f'] for spec in arl.FAMILIES.values() for variant in spec['variants']})
+FN_NAMES = sorted({task.fn_name for task in arl.make_tasks('all')})
 
 
 def randomize_names(task, rng):
-    """Copy of task with its function renamed to a random gym function name that is not a word of its source."""
-    taken = set(arl.compact_source(task.source).split())
-    new = rng.choice([name for name in FN_NAMES if name not in taken])
-    return dataclasses.replace(task, fn_name=new, issue=task.issue.replace(task.fn_name, new),
-                               source=task.source.replace(f'def {task.fn_name}(', f'def {new}('))
+    """A copy of task under a function name that rng draws from FN_NAMES among those not already words of its source."""
+    words = set(arl.compact_source(task.source).split())
+    name = rng.choice([candidate for candidate in FN_NAMES if candidate not in words])
+    rename = functools.partial(re.sub, rf'\b{task.fn_name}\b', name)       # whole words only
+    return dataclasses.replace(task, fn_name=name, issue=rename(task.issue), source=rename(task.source))
 
 
 class EditBudgetEnv(arl.BugFixEnv):
@@ -305,9 +338,12 @@ class EditBudgetEnv(arl.BugFixEnv):
         return super()._observe(call)
 
 
+RL_BASE_KINDS = ('random', 'blind') * 4 + ('oracle',)     # one demonstration set in nine is informed
+
+
 def make_rl_base(tok, seed=0):
-    """The RL starting point from Chapter 9 on: one demonstration set in nine comes from the oracle."""
-    return arl.make_base_agent(tok, seed, kinds=('random', 'blind') * 4 + ('oracle',))
+    """The starting point of RL from this chapter on: make_base_agent with RL_BASE_KINDS."""
+    return arl.make_base_agent(tok, seed, kinds=RL_BASE_KINDS)
 
 
 def smooth(values, window=5):
@@ -338,20 +374,14 @@ def plot_histories(histories, keys=('reward', 'reads'), window=5, axes=None):
 
 
 def gspo_policy_loss(logp, old_logp, advantages, mask, clip_low=3e-4, clip_high=4e-4):
-    """Clipped surrogate on one length-normalized ratio per sequence: logp, old_logp, mask [B, T]; advantages [B]."""
-    if logp.shape != old_logp.shape or logp.shape != mask.shape or advantages.shape != logp.shape[:1]:
+    """Chapter 8's clipped surrogate on one ratio per sequence, s_i: logp, old_logp, mask [B, T]; advantages [B]."""
+    if not logp.shape == old_logp.shape == mask.shape or advantages.shape != logp.shape[:1]:
         raise ValueError(f'need logp, old_logp, mask [B, T] and advantages [B]; got {tuple(logp.shape)}, '
                          f'{tuple(old_logp.shape)}, {tuple(mask.shape)}, {tuple(advantages.shape)}')
-    log_ratio = logp - old_logp.detach()
-    seq_ratio = arl.masked_mean(log_ratio, mask, dim=-1).exp()                 # s_i, [B]
-    adv = advantages.detach()
-    unclipped, clipped = seq_ratio * adv, seq_ratio.clamp(1 - clip_low, 1 + clip_high) * adv
-    loss = -torch.minimum(unclipped, clipped).mean()                           # mean over sequences
-    with torch.no_grad():
-        stats = dict(clip_frac=(clipped < unclipped).double().mean().item(),
-                     approx_kl=arl.masked_mean(log_ratio.exp() - 1 - log_ratio, mask).item(),
-                     ratio_min=seq_ratio.min().item(), ratio_max=seq_ratio.max().item())
-    return loss, stats
+    seq_logp = arl.masked_mean(logp, mask, dim=-1)[:, None]       # [B, 1]; log s_i is the difference of these
+    seq_old_logp = arl.masked_mean(old_logp, mask, dim=-1)[:, None]
+    return arl.ppo_policy_loss(seq_logp, seq_old_logp, advantages, torch.ones_like(seq_logp), clip_low, clip_high,
+                               loss_mode='token_mean')             # one 'token' per sequence: a mean over sequences
 
 
 VARIANTS = {

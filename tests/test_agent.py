@@ -166,6 +166,98 @@ def test_rollout_respects_max_turns(tok, small):
     assert all(t.info['n_turns'] <= 2 for t in trajs)
 
 
+# cached decoding (_Lockstep) ---------------------------------------------------------------------
+
+def _sequences(tok, lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, len(tok), (n,), generator=gen).tolist() for n in lengths]
+
+
+def _last_logits(model, seq):
+    """Logits after the last token of seq by a plain full forward: [V]."""
+    with torch.no_grad():
+        return model(torch.tensor([seq]))[0, -1]
+
+
+def _close(a, b):
+    return (a - b).abs().max().item() < 1e-12
+
+
+# three feeds of 4 rows (lengths 14, 9, 30, 25): {row: (start, stop)}, with short, long (> LONG_CHUNK),
+# empty and absent chunks
+PLAN = [{0: (0, 2), 1: (0, 0), 2: (0, 11), 3: (0, 3)},
+        {0: (2, 13), 2: (11, 11), 3: (3, 20)},
+        {0: (13, 14), 1: (0, 9), 2: (11, 30), 3: (20, 25)}]
+
+
+def test_lockstep_split_feeds_equal_one_feed_and_full_forward(tok, small):
+    assert arl.LONG_CHUNK == 8
+    seqs = _sequences(tok, [14, 9, 30, 25])
+    one = arl.agent._Lockstep(small, 4)
+    together = one.feed(dict(enumerate(seqs))).clone()
+    for b, seq in enumerate(seqs):
+        assert _close(together[b], _last_logits(small, seq))
+    split = arl.agent._Lockstep(small, 4)
+    previous = split.logits.clone()
+    for call, plan in enumerate(PLAN):
+        logits = split.feed({b: seqs[b][start:stop] for b, (start, stop) in plan.items()}).clone()
+        for b, seq in enumerate(seqs):
+            start, stop = plan.get(b, (0, 0))
+            if stop > start:
+                assert _close(logits[b], _last_logits(small, seq[:stop])), (call, b)
+            else:
+                assert torch.equal(logits[b], previous[b]), (call, b)        # not fed: logits kept
+        assert split.length.tolist() == [max(p[b][1] for p in PLAN[:call + 1] if b in p) for b in range(4)]
+        previous = logits
+    assert _close(previous, together)
+
+
+def test_lockstep_long_chunk_with_short_ones_equals_separate_feeds(tok, small):
+    prefix = _sequences(tok, [5, 3, 7, 2, 6], seed=1)
+    new = _sequences(tok, [arl.LONG_CHUNK + 4, 2, 1, arl.LONG_CHUNK + 1, 3], seed=2)
+    mixed, apart = arl.agent._Lockstep(small, 5), arl.agent._Lockstep(small, 5)
+    mixed.feed(dict(enumerate(prefix)))
+    apart.feed(dict(enumerate(prefix)))
+    got = mixed.feed(dict(enumerate(new))).clone()
+    for b, chunk in enumerate(new):
+        apart.feed({b: chunk})
+    assert _close(got, apart.logits)
+    for b in range(5):
+        assert _close(got[b], _last_logits(small, prefix[b] + new[b]))
+    assert mixed.length.tolist() == [len(p) + len(n) for p, n in zip(prefix, new)]
+
+
+def test_lockstep_rows_not_fed_keep_their_logits(tok, small):
+    seqs = _sequences(tok, [6, 4, 9, 5, 3, 8], seed=3)
+    decoder = arl.agent._Lockstep(small, 6)
+    before = decoder.feed(dict(enumerate(seqs))).clone()
+    for rows in ([2], [0, 5], [1, 3, 4, 5]):                    # few rows (their own attention) and most rows
+        extra = {b: _sequences(tok, [1 + b % 3], seed=10 + b)[0] for b in rows}
+        after = decoder.feed({**extra, **({} if 0 in rows else {0: []})}).clone()
+        for b in range(6):
+            if b in rows:
+                seqs[b] = seqs[b] + extra[b]
+                assert _close(after[b], _last_logits(small, seqs[b]))
+            else:
+                assert torch.equal(after[b], before[b])
+        before = after
+    assert torch.equal(decoder.feed({}), before)
+
+
+def test_lockstep_rejects_positions_beyond_max_len(tok):
+    model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=10).eval()
+    decoder = arl.agent._Lockstep(model, 2)
+    with pytest.raises(ValueError, match='max_len'):
+        decoder.feed({0: [5] * 11})
+    decoder = arl.agent._Lockstep(model, 2)
+    logits = decoder.feed({0: [5] * 10, 1: [6] * 4})                  # exactly max_len positions: fine
+    assert _close(logits[0], _last_logits(model, [5] * 10))
+    with pytest.raises(ValueError, match='max_len'):
+        decoder.feed({0: [7]})
+    with pytest.raises(ValueError, match='max_len'):
+        decoder.feed({1: [6] * 7})
+
+
 # collate -----------------------------------------------------------------------------------------
 
 def test_collate_shapes_and_padding(tok, small):
@@ -181,6 +273,30 @@ def test_collate_shapes_and_padding(tok, small):
         assert batch['action_mask'][b].sum() == t.action_mask.sum()
     with pytest.raises(ValueError):
         arl.collate([], tok.pad_id)
+
+
+def test_collate_lengths_and_sample_logp(tok):
+    logp = lambda *values: torch.tensor(values, dtype=arl.DTYPE)
+    trajs = [arl.Trajectory(torch.tensor([4, 5, 6, 7]), logp(0, 1, 1), 0.0, {}, logp(0, -0.5, -0.25)),
+             arl.Trajectory(torch.tensor([4, 5, 6, 7, 8, 9, 10]), logp(0, 0, 1, 1, 0, 1), 1.0, {},
+                            logp(0, 0, -1.5, -2.0, 0, -0.125)),
+             arl.Trajectory(torch.tensor([4, 5, 6, 7, 8]), logp(0, 1, 0, 1), 0.0, {})]      # no sample_logp
+    batch = arl.collate(trajs, tok.pad_id)
+    assert batch['lengths'].dtype == torch.long and batch['lengths'].tolist() == [4, 7, 5]
+    assert batch['sample_logp'].dtype == arl.DTYPE and batch['sample_logp'].shape == (3, 6)
+    assert batch['sample_logp'].tolist() == [[0, -0.5, -0.25, 0, 0, 0],
+                                             [0, 0, -1.5, -2.0, 0, -0.125],
+                                             [0, 0, 0, 0, 0, 0]]
+
+
+def test_collate_of_a_rollout_keeps_sample_logp(tok, small):
+    trajs = _rollout(small, tok, 7, TRAIN[:6])
+    batch = arl.collate(trajs, tok.pad_id)
+    assert batch['lengths'].tolist() == [len(t.ids) for t in trajs]
+    for b, t in enumerate(trajs):
+        n = len(t.ids) - 1
+        assert torch.equal(batch['sample_logp'][b, :n], t.sample_logp)
+        assert (batch['sample_logp'][b, n:] == 0).all()
 
 
 # behavior cloning --------------------------------------------------------------------------------

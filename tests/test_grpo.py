@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 import math
 import random
+import re
 
 import matplotlib
 import pytest
@@ -74,6 +75,31 @@ def test_rlconfig_rejects_unknown_values_naming_them(field, value, accepted):
 def test_rlconfig_rejects_bad_counts(fields):
     with pytest.raises(ValueError):
         arl.RLConfig(**fields)
+
+
+@pytest.mark.parametrize('field, value', [
+    ('group_size', 0), ('prompts_per_step', -1), ('max_turns', 0), ('max_sample_rounds', 0), ('minibatches', 0),
+    ('epochs', 0), ('temperature', 0.0), ('temperature', -0.5), ('lr', 0.0), ('lr', -0.001),
+    ('clip_low', -0.125), ('clip_low', 1.0), ('clip_low', 1.5), ('clip_high', -0.25), ('overlong_buffer', -1),
+    ('overlong_buffer', 7)])
+def test_rlconfig_rejects_out_of_range_values_naming_them(field, value):
+    with pytest.raises(ValueError, match=rf'{field}.*{re.escape(repr(value))}'):
+        arl.RLConfig(**{field: value})
+
+
+def test_rlconfig_overlong_buffer_is_bounded_by_max_turns():
+    with pytest.raises(ValueError, match='overlong_buffer.*max_turns=2.*3'):
+        arl.RLConfig(max_turns=2, overlong_buffer=3)
+    assert arl.RLConfig(max_turns=2, overlong_buffer=2).overlong_buffer == 2
+
+
+@pytest.mark.parametrize('fields', [
+    dict(group_size=1), dict(prompts_per_step=1), dict(max_turns=1), dict(max_sample_rounds=1), dict(minibatches=1),
+    dict(epochs=1), dict(temperature=1e-3), dict(lr=1e-9), dict(clip_low=0.0), dict(clip_low=0.999),
+    dict(clip_high=0.0), dict(clip_high=5.0), dict(overlong_buffer=6), dict(max_turns=1, overlong_buffer=1)])
+def test_rlconfig_accepts_boundary_values(fields):
+    cfg = arl.RLConfig(**fields)
+    assert all(getattr(cfg, k) == v for k, v in fields.items())
 
 
 def test_rlconfig_accepts_callable_reward_and_unlimited_edits():
@@ -318,6 +344,14 @@ def test_behavior_stats_known_values():
     assert all(isinstance(v, float) for v in stats.values())
 
 
+def test_behavior_stats_task_not_in_the_gym():
+    trajs = [traj(task='custom/unknown', ops=['swap_minmax']), traj(task='custom/other', ops=[]),
+             traj(task='clamp/clamp', ops=['swap_minmax'])]
+    stats = arl.behavior_stats(trajs)
+    assert stats['first_edit_right'] == pytest.approx(1 / 3)               # only the known, right one
+    assert stats['edits'] == pytest.approx(2 / 3)
+
+
 # -------------------------------------------------------------------------------------- advantages
 
 def _adv(rewards, n_turns=None, **fields):
@@ -469,9 +503,56 @@ def test_policy_loss_constant_mode_default_norm():
 def test_token_log_probs(tok):
     model = tiny_agent(tok)
     ids = torch.tensor([[4, 5, 6, 7], [8, 9, 10, 11]])
-    got = arl.token_log_probs(model, ids, 2.0)
-    want = torch.log_softmax(model(ids)[:, :-1] / 2.0, -1).gather(-1, ids[:, 1:, None])[..., 0]
-    assert got.shape == (2, 3) and torch.allclose(got, want)
+    logp, entropy = arl.token_log_probs(model, ids, torch.tensor([4, 4]), 2.0)
+    logits = model(ids)[:, :-1] / 2.0
+    want = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert logp.shape == entropy.shape == (2, 3) and logp.dtype == arl.DTYPE
+    assert torch.allclose(logp, want) and torch.allclose(entropy, arl.entropy_from_logits(logits))
+
+
+LENGTHS = [6, 11, 3, 9, 2, 11, 7]
+
+
+def _ragged_ids(tok, lengths=LENGTHS, seed=0):
+    """ids [B, max length] with rows of the given lengths, junk tokens (not pad) beyond each length."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(4, len(tok), (len(lengths), max(lengths)), generator=gen), torch.tensor(lengths)
+
+
+@pytest.mark.parametrize('rows_per_pass', [1, 3, 8])
+def test_token_log_probs_rows_of_different_lengths_equal_a_full_forward(tok, rows_per_pass):
+    model = arl.TinyAgent(len(tok), d_model=32, n_layers=2, n_heads=4, d_ff=64, seed=2)
+    ids, lengths = _ragged_ids(tok)
+    with torch.no_grad():
+        logp, entropy = arl.token_log_probs(model, ids, lengths, 0.7, rows_per_pass=rows_per_pass)
+        logits = model(ids)[:, :-1] / 0.7                                   # causal: the junk changes nothing
+    want_logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+    want_entropy = arl.entropy_from_logits(logits)
+    assert logp.shape == entropy.shape == (len(LENGTHS), max(LENGTHS) - 1)
+    for b, n in enumerate(LENGTHS):
+        assert (logp[b, :n - 1] - want_logp[b, :n - 1]).abs().max() < 1e-12, b
+        assert (entropy[b, :n - 1] - want_entropy[b, :n - 1]).abs().max() < 1e-12, b
+        assert (logp[b, n - 1:] == 0).all() and (entropy[b, n - 1:] == 0).all(), b   # also in shared passes
+        assert (logp[b, :n - 1] != 0).all() and (entropy[b, :n - 1] > 0).all(), b
+
+
+def test_token_log_probs_gradients_flow(tok):
+    model = tiny_agent(tok)
+    ids, lengths = _ragged_ids(tok, [5, 8, 3])
+    logp, _ = arl.token_log_probs(model, ids, lengths, 1.0, rows_per_pass=2)
+    assert logp.requires_grad
+    logp.sum().backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    assert all(g is not None for g in grads.values())
+    assert grads['head.weight'].abs().sum() > 0 and grads['embed.weight'].abs().sum() > 0
+    assert grads['blocks.0.qkv.weight'].abs().sum() > 0
+    # the rows pass through the model apart: each row's gradient is its own
+    model.zero_grad()
+    arl.token_log_probs(model, ids, lengths, 1.0, rows_per_pass=2)[0][1].sum().backward()
+    alone = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    arl.token_log_probs(model, ids[1:2], lengths[1:2], 1.0)[0].sum().backward()
+    assert all((a - p.grad).abs().max() < 1e-12 for a, p in zip(alone, model.parameters()))
 
 
 def _batch(tok, cfg, model, seed=0):
@@ -503,11 +584,70 @@ def test_rl_update_with_reference_and_sequence_ratio(tok):
     ref = tiny_agent(tok, seed=1)
     batch, adv = _batch(tok, cfg, model)
     stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), batch, adv, cfg, ref_model=ref)
-    assert set(stats) == {'clip_frac', 'approx_kl', 'ratio_min', 'ratio_max', 'kl_ref', 'grad_norm', 'entropy'}
+    assert set(stats) == PPO_KEYS | {'kl_ref'}                             # GSPO reports PPO's statistics
     assert stats['kl_ref'] > 0
     # a reference without kl_coef is ignored
     stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), batch, adv, small_cfg(), ref_model=ref)
     assert 'kl_ref' not in stats
+
+
+@pytest.mark.parametrize('fields', [dict(), dict(ratio_level='sequence', clip_low=3e-4, clip_high=4e-4),
+                                    dict(temperature=0.6)])
+def test_rl_update_first_step_ratios_are_one(tok, fields):
+    """Old log-probs are those recorded while sampling: on the first step the ratio is 1 on every token."""
+    cfg = small_cfg(group_size=4, epochs=1, minibatches=1, **fields)
+    model = tiny_agent(tok, seed=3)
+    batch, adv = _batch(tok, cfg, model, seed=1)
+    assert batch['action_mask'].sum() > 0 and (batch['sample_logp'] * batch['action_mask']).abs().sum() > 0
+    stats = arl.rl_update(model, torch.optim.Adam(model.parameters(), lr=1e-2), batch, adv, cfg)
+    assert stats['clip_frac'] == 0.0 and abs(stats['approx_kl']) < 1e-10
+    assert abs(stats['ratio_min'] - 1) < 1e-10 and abs(stats['ratio_max'] - 1) < 1e-10
+    assert stats['grad_norm'] > 0
+
+
+def test_rl_update_takes_old_log_probs_from_the_batch(tok):
+    cfg = small_cfg(group_size=4, epochs=1, minibatches=1)
+    model = tiny_agent(tok, seed=3)
+    batch, adv = _batch(tok, cfg, model, seed=1)
+    batch['sample_logp'] = batch['sample_logp'] - 0.5 * batch['action_mask']  # as if pi_old liked them less
+    stats = arl.rl_update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv, cfg)
+    assert stats['ratio_min'] == pytest.approx(math.exp(0.5)) == stats['ratio_max']
+    assert stats['clip_frac'] > 0
+
+
+@pytest.mark.parametrize('fields', [dict(loss_mode='constant'), dict(ratio_level='sequence')])
+def test_rl_update_ignores_tokens_beyond_each_length(tok, fields):
+    cfg = small_cfg(group_size=4, epochs=2, **fields)
+    batch, adv = _batch(tok, cfg, tiny_agent(tok, seed=3), seed=2)
+    assert len(set(batch['lengths'].tolist())) > 1
+    junk = dict(batch, ids=batch['ids'].clone())
+    beyond = torch.arange(batch['ids'].shape[1]) >= batch['lengths'][:, None]
+    junk['ids'][beyond] = torch.randint(4, len(tok), (int(beyond.sum()),), generator=torch.Generator().manual_seed(0))
+    results = []
+    for b in (batch, junk):
+        model = tiny_agent(tok, seed=3)
+        stats = arl.rl_update(model, torch.optim.Adam(model.parameters(), lr=1e-2), b, adv, cfg,
+                              generator=torch.Generator().manual_seed(0))
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (stats, params), (junk_stats, junk_params) = results
+    assert stats == pytest.approx(junk_stats, abs=1e-12)
+    assert all((p - q).abs().max() < 1e-12 for p, q in zip(params, junk_params))
+
+
+def test_rl_update_uses_the_reference_only_with_kl_coef(tok):
+    cfg = small_cfg(epochs=1)
+    model = tiny_agent(tok)
+    batch, adv = _batch(tok, cfg, model)
+
+    def no_reference(ids):
+        raise AssertionError('the reference model ran with kl_coef 0')
+
+    stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), batch, adv, cfg, ref_model=no_reference)
+    assert 'kl_ref' not in stats
+    policy, same = tiny_agent(tok), tiny_agent(tok)                        # a reference equal to the policy
+    stats = arl.rl_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, adv,
+                          small_cfg(epochs=1, kl_coef=0.5), ref_model=same, generator=torch.Generator().manual_seed(1))
+    assert abs(stats['kl_ref']) < 1e-12                                     # rows of pi_ref match the minibatch
 
 
 def test_rl_update_zero_advantages_leave_policy_unchanged(tok):
@@ -562,6 +702,12 @@ def test_train_rl_accepts_env_factory_and_callable_reward(tok):
     assert history[0]['reward'] == 0.25 and history[0]['zero_adv_frac'] == 1.0
 
 
+@pytest.mark.parametrize('eval_every', [0, -1])
+def test_train_rl_rejects_eval_every_below_one(tok, eval_every):
+    with pytest.raises(ValueError, match=f'eval_every.*{eval_every}'):
+        _train(tok, steps=1, eval_every=eval_every)
+
+
 def test_format_log_line():
     record = dict(step=3, reward=0.5, reads=1.25, edits=1.0, entropy=0.75)
     assert arl.format_log_line(record) == 'step   3 | reward 0.500 | reads 1.25 | edits 1.00 | entropy 0.750'
@@ -594,6 +740,12 @@ def test_smooth():
     assert arl.smooth([2.0, 4.0], 1) == [2.0, 4.0]
     assert arl.smooth([], 5) == []
     assert arl.smooth([1.0, 0.0, 1.0, 0.0], 10) == pytest.approx([1.0, 0.5, 2 / 3, 0.5])
+
+
+@pytest.mark.parametrize('window', [0, -2])
+def test_smooth_rejects_window_below_one(window):
+    with pytest.raises(ValueError, match=f'window.*{window}'):
+        arl.smooth([1.0, 2.0], window)
 
 
 def test_plot_histories():

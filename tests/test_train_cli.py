@@ -133,7 +133,7 @@ def test_parse_typed_values():
     (['--max-edits', '0'], ['max_edits', '0']),
     (['--group-size', '0'], ['group_size']),
     (['--temperature', '0'], ['temperature', 'positive', '0.0']),
-    (['--clip-low', '1.5'], ['clip_low', '[0, 1)', '1.5']),
+    (['--clip-low', '1.5'], ['clip_low', '1.5']),
     (['--adv-mode', 'rloo', '--group-size', '1'], ['rloo', 'group_size', '1']),
     (['--steps', '0'], ['--steps', '0']),
     (['--field-that-does-not-exist', '1'], ['unrecognized', '--field-that-does-not-exist']),
