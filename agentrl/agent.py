@@ -359,7 +359,7 @@ def behavior_clone(model, demos, epochs=6, batch_size=8, lr=2e-3, seed=0):
     rows = sorted(demos.items(), key=lambda row: (len(row[0][0]), row[0]))   # similar lengths batch together
     batches = [rows[i:i + batch_size] for i in range(0, len(rows), batch_size)]
     gen = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, foreach=True)    # one fused update of all tensors
     tokens_per_batch = sum(float(w.sum()) for w in (_demo_batch(b)[1] for b in batches)) / len(batches)
     for _ in range(epochs):
         for i in torch.randperm(len(batches), generator=gen).tolist():

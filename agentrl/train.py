@@ -129,13 +129,6 @@ def build_parser():
 
 
 _RANGES = [  # (field, test, what it must be): values RLConfig accepts but training would fail on
-    ('temperature', lambda v: v > 0, 'positive'),
-    ('max_turns', lambda v: v >= 1, 'at least 1'),
-    ('max_sample_rounds', lambda v: v >= 1, 'at least 1'),
-    ('overlong_buffer', lambda v: v >= 0, '0 or more'),
-    ('clip_low', lambda v: 0 <= v < 1, 'in [0, 1)'),
-    ('clip_high', lambda v: v >= 0, '0 or more'),
-    ('lr', lambda v: v > 0, 'positive'),
     ('kl_coef', lambda v: v >= 0, '0 or more'),
     ('max_grad_norm', lambda v: v > 0, 'positive'),
     ('norm_const', lambda v: v is None or v > 0, 'none or positive'),

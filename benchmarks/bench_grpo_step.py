@@ -4,14 +4,16 @@ Run: python benchmarks/bench_grpo_step.py [--steps 10] [--warmup 2] [--threads 1
 
 From the RL base agent (make_rl_base) with RLConfig() (8 tasks x 8 attempts, renamed one-edit gym),
 for each thread count: a warm-up, then `--steps` timed steps. Each step is split into
-  - rollout, model forward: time inside TinyAgent.forward while sampling (forward hooks; the cached
-    decoding of agentrl.agent._Lockstep.feed, one call per generated token position),
+  - rollout, model forward: time inside agentrl.agent._Lockstep.feed while sampling (the cached
+    decoding: the model's layers on the new tokens of a feed, one feed per generated token position
+    and one per observation),
   - rollout, environment: EditBudgetEnv.reset/step (parsing, edits, tests, reward), timed by an env
     subclass passed as train_rl's own `env_factory` argument,
   - rollout, rest: the Python of rollout_batch/_Lockstep outside the model (sampling, masks, tokens),
     renaming, and sample_step's bookkeeping,
   - statistics: behavior_stats, zero_advantage_fraction, collate and compute_advantages,
-  - update: rl_update (pi_old forward, 2 minibatches of forward + backward + Adam),
+  - update: rl_update (2 minibatches, each forward + backward in length-sorted passes, + Adam;
+    pi_old comes from the rollout),
   - cpu: process CPU time of the whole step (all threads): on a loaded machine the wall times
     include waiting for a core, the CPU time does not (with 1 thread it estimates the unloaded time).
 The step loop is train_rl's body written out with timers; as a cross-check the script also runs
@@ -25,9 +27,14 @@ import platform
 import statistics
 import time
 
+import sys
+from pathlib import Path
+
 import torch
 
-import agentrl as arl
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a clone without installing
+import agentrl as arl  # noqa: E402
+from agentrl import agent as agent_module  # noqa: E402
 
 
 class Timers:
@@ -37,19 +44,24 @@ class Timers:
         self.sampling = False
 
 
-def attach_forward_timer(model, timers):
-    """Accumulate the wall time of model.forward calls made while timers.sampling is True."""
-    state = {}
+def attach_feed_timer(timers):
+    """Accumulate the wall time of outermost _Lockstep.feed calls (a feed may call itself) -> undo function."""
+    original = agent_module._Lockstep.feed
+    state = dict(depth=0)
 
-    def pre(module, args):
-        state['t'] = time.perf_counter()
+    def timed(self, chunks):
+        state['depth'] += 1
+        start = time.perf_counter()
+        try:
+            return original(self, chunks)
+        finally:
+            state['depth'] -= 1
+            if state['depth'] == 0:
+                timers.forward += time.perf_counter() - start
+                timers.forward_calls += 1
 
-    def post(module, args, output):
-        if timers.sampling:
-            timers.forward += time.perf_counter() - state['t']
-            timers.forward_calls += 1
-
-    return [model.register_forward_pre_hook(pre), model.register_forward_hook(post)]
+    agent_module._Lockstep.feed = timed
+    return lambda: setattr(agent_module._Lockstep, 'feed', original)
 
 
 def timed_env_factory(cfg, timers):
@@ -75,7 +87,7 @@ def timed_steps(base, tasks, tok, cfg, steps, warmup):
     """train_rl's loop with timers -> list of per-step dicts of seconds (after the warm-up)."""
     torch.manual_seed(cfg.seed)
     model, timers = copy.deepcopy(base), Timers()
-    hooks = attach_forward_timer(model, timers)
+    undo = attach_feed_timer(timers)
     generator = torch.Generator().manual_seed(cfg.seed)
     env_factory = timed_env_factory(cfg, timers)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
@@ -102,8 +114,7 @@ def timed_steps(base, tasks, tok, cfg, steps, warmup):
                              rest=t1 - t0 - timers.forward - timers.env, stats=t2 - t1, update=t3 - t2,
                              calls=timers.forward_calls, episodes=len(sampled), T=batch['ids'].shape[1],
                              mean_len=sum(len(t.ids) for t in kept) / len(kept), cpu=c3 - c0))
-    for hook in hooks:
-        hook.remove()
+    undo()
     return rows
 
 

@@ -33,18 +33,21 @@ def median_time(fn, repeats, clock=time.perf_counter):
 
 
 class Timer:
-    """Wraps a callable and accumulates its wall time."""
+    """Wraps a callable and accumulates the wall time of its outermost calls (it may call itself)."""
 
     def __init__(self, fn):
-        self.fn, self.total, self.calls = fn, 0.0, 0
+        self.fn, self.total, self.calls, self.depth = fn, 0.0, 0, 0
 
     def __call__(self, *args, **kwargs):
+        self.depth += 1
         start = time.perf_counter()
         try:
             return self.fn(*args, **kwargs)
         finally:
-            self.total += time.perf_counter() - start
-            self.calls += 1
+            self.depth -= 1
+            if self.depth == 0:
+                self.total += time.perf_counter() - start
+                self.calls += 1
 
 
 def main():
