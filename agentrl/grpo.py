@@ -54,28 +54,28 @@ KL_KINDS = ('k1', 'k2', 'k3')
 @dataclass
 class RLConfig:
     """Every setting train_rl reads; the defaults are the book's GRPO on the renamed one-edit gym."""
-    # sampling
-    group_size: int = 8             # attempts per task, G
-    prompts_per_step: int = 8       # distinct tasks per step: a batch holds G * prompts_per_step episodes
+    # what a step samples
+    group_size: int = 8             # G: attempts at each task, side by side in the batch
+    prompts_per_step: int = 8       # tasks per step; the batch has G * prompts_per_step episodes
     temperature: float = 1.0
     max_turns: int = 6
-    # environment (Section 9.4)
-    rename: bool = True             # a fresh random function name in every episode
-    max_edits: object = 1           # edits an episode may apply; None = unlimited (Chapter 4's gym)
-    reward: object = 'hidden'       # 'hidden', 'public' or callable(info) -> float
-    # advantages
-    adv_mode: str = 'grpo'          # 'grpo' = (r - mean) / std, 'mean' = Dr. GRPO, 'rloo'
-    overlong_buffer: int = 0        # DAPO: penalty rising to -1 over the last turns of the budget; 0 = off
-    dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards, sample more tasks to refill
-    max_sample_rounds: int = 4
-    # loss and update
-    ratio_level: str = 'token'      # 'token' (PPO, GRPO) or 'sequence' (GSPO)
+    # the environment (see the section on shortcut features)
+    rename: bool = True             # draw a random function name for every episode
+    max_edits: object = 1           # edits applied per episode; None lifts the limit (Chapter 4's gym)
+    reward: object = 'hidden'       # 'hidden', 'public', or a function of the final info
+    # from rewards to advantages
+    adv_mode: str = 'grpo'          # 'grpo' standardizes in the group, 'mean' only centres (Dr. GRPO), 'rloo'
+    overlong_buffer: int = 0        # DAPO: turns before the budget over which a 0-to-1 penalty grows; 0 = none
+    dynamic_sampling: bool = False  # DAPO: replace groups whose rewards are all equal by freshly sampled ones
+    max_sample_rounds: int = 4      # at most this many sampling rounds per step with dynamic_sampling
+    # the update
+    ratio_level: str = 'token'      # importance ratios per 'token' (PPO, GRPO) or per 'sequence' (GSPO)
     clip_low: float = 0.2
     clip_high: float = 0.2
-    loss_mode: str = 'token_mean'   # a mode of arl.aggregate_loss
-    norm_const: object = None       # for 'constant'; None = rows * max_turns * MAX_CALL_TOKENS
-    kl_coef: float = 0.0            # beta of a KL penalty to a frozen reference policy
-    kl_kind: str = 'k3'             # 'k1', 'k2' or 'k3'
+    loss_mode: str = 'token_mean'   # how arl.aggregate_loss reduces per-token terms
+    norm_const: object = None       # divisor of loss_mode='constant'; None: rows * max_turns * MAX_CALL_TOKENS
+    kl_coef: float = 0.0            # weight of the KL penalty to a frozen reference; 0 = no reference
+    kl_kind: str = 'k3'             # KL estimator: 'k1', 'k2' or 'k3'
     lr: float = 1e-3
     epochs: int = 1
     minibatches: int = 2

@@ -1,28 +1,28 @@
 """Benchmark of chapter 8's PPO update: time and training memory with and without the critic.
 
-Run: PYTHONPATH=. python benchmarks/bench_ppo.py
+Run: python benchmarks/bench_ppo.py [--threads N] [--repeats R]
 Measures, on one batch of 64 episodes of the base agent (8 training tasks x 8 attempts):
   - median wall time of one ppo_update (PPOConfig() defaults: 2 epochs x 2 minibatches) with the critic and without
     (group advantages), and of one REINFORCE step for reference;
   - bytes of parameters, gradients, Adam state and saved activations of one minibatch, per network.
-Timings depend on the machine; the script prints the thread count and CPU capability it ran with.
-
-Measured 2026-11-29 on the 2-core build host while other jobs were running (load average about 5, so
-absolute times are inflated; the ratios are the figures to read):
-  sampling 64 episodes 3910 ms | REINFORCE step 2805 ms | PPO update alone 8485 ms, with critic 17680 ms (2.08x)
-  training memory (parameters, gradients, Adam state, saved activations of one 32-episode minibatch):
-  policy 32.7 MB, critic 32.8 MB -> policy + critic = 2.00x the policy alone
+Timings depend on the machine and its load; the script prints the thread count, CPU capability and load
+average it ran with. The measured figures are in benchmarks/README.md.
 """
+import argparse
 import copy
+import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import agentrl as arl
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # run from a clone without installing
+import agentrl as arl  # noqa: E402
 
 
-def median_time(fn, repeats=7):
+def median_time(fn, repeats):
     times = []
     for r in range(repeats):
         start = time.perf_counter()
@@ -32,6 +32,11 @@ def median_time(fn, repeats=7):
 
 
 def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--threads', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=7)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     tasks = arl.make_tasks('train')
     base = arl.make_base_agent(tok)
@@ -56,9 +61,11 @@ def main():
         arl.sample_episodes(base, tasks[:8], tok, 8, torch.Generator().manual_seed(seed))
 
     print(f'torch {torch.__version__} | threads {torch.get_num_threads()} | '
-          f'cpu {torch.backends.cpu.get_cpu_capability()} | batch {tuple(batch["ids"].shape)}')
-    t_sample = median_time(sample)
-    t_alone, t_critic, t_rf = median_time(update(False)), median_time(update(True)), median_time(reinforce)
+          f'cpu {torch.backends.cpu.get_cpu_capability()} | cpus {os.cpu_count()} | '
+          f'load average {os.getloadavg()[0]:.2f} | batch {tuple(batch["ids"].shape)}')
+    t_sample = median_time(sample, args.repeats)
+    t_alone, t_critic = median_time(update(False), args.repeats), median_time(update(True), args.repeats)
+    t_rf = median_time(reinforce, args.repeats)
     print(f'sampling 64 episodes            {t_sample * 1000:8.1f} ms')
     print(f'REINFORCE step                  {t_rf * 1000:8.1f} ms')
     print(f'PPO update, policy alone        {t_alone * 1000:8.1f} ms')
