@@ -123,15 +123,15 @@ def _baseline(rewards, task_names, kind):
 
 
 def reinforce_step(model, optimizer, trajs, tok, baseline='mean', loss_mode='token_mean',
-                   temperature=1.0, max_grad_norm=1.0):
+                   temperature=1.0, max_grad_norm=1.0, max_turns=6):
     """One REINFORCE update on a batch of episodes -> dict with loss, entropy and grad_norm."""
     batch = arl.collate(trajs, tok.pad_id)
     ids, mask, rewards = batch['ids'], batch['action_mask'], batch['rewards']      # [B, T], [B, T-1], [B]
     adv = rewards - _baseline(rewards, [t.info['task'] for t in trajs], baseline)
     logits = model(ids)[:, :-1] / temperature                                        # [B, T-1, V]
     logp = selected_log_probs(logits, ids[:, 1:])
-    loss = aggregate_loss(-adv[:, None].to(logp.dtype) * logp, mask, loss_mode,
-                          norm_const=mask.shape[0] * mask.shape[1])
+    most_policy_tokens = len(trajs) * max_turns * arl.MAX_CALL_TOKENS              # fixed in advance
+    loss = aggregate_loss(-adv[:, None].to(logp.dtype) * logp, mask, loss_mode, norm_const=most_policy_tokens)
     optimizer.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
@@ -153,7 +153,8 @@ def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task
         trajs = sample_episodes(model, [tasks[i] for i in order], tok, samples_per_task, gen,
                                 max_turns=max_turns, temperature=temperature)
         record = dict(step=step, **episode_stats(trajs))
-        record.update(reinforce_step(model, optimizer, trajs, tok, baseline, loss_mode, temperature))
+        record.update(reinforce_step(model, optimizer, trajs, tok, baseline, loss_mode, temperature,
+                                     max_turns=max_turns))
         history.append(record)
         if log_every and (step % log_every == 0 or step == steps - 1):
             print(f"step {step:3d} | pass {record['pass_rate']:.3f} | reads {record['reads']:.2f} | "

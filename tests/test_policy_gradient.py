@@ -215,3 +215,19 @@ def test_train_reinforce_runs_and_is_reproducible(gym_setup):
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
     assert {'loss', 'entropy', 'grad_norm', 'pass_rate'} <= set(runs[0][0][0])
     assert all(math.isfinite(h['grad_norm']) for h in runs[0][0])
+
+
+@pytest.mark.parametrize('loss_mode', ['token_mean', 'constant'])
+def test_reinforce_step_loss_known_value(gym_setup, loss_mode):
+    tok, model, tasks = gym_setup
+    trajs = arl.sample_episodes(model, tasks[:2], tok, 2, torch.Generator().manual_seed(1), max_turns=3)
+    trajs[0].reward = 1.0                                   # make the advantages non-zero
+    batch = arl.collate(trajs, tok.pad_id)
+    with torch.no_grad():
+        logp = arl.selected_log_probs(model(batch['ids'])[:, :-1], batch['ids'][:, 1:])
+    adv = batch['rewards'] - batch['rewards'].mean()
+    terms = (-adv[:, None] * logp * batch['action_mask']).sum()
+    expected = terms / (batch['action_mask'].sum() if loss_mode == 'token_mean' else len(trajs) * 3 * arl.MAX_CALL_TOKENS)
+    m = copy.deepcopy(model)
+    out = arl.reinforce_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs, tok, 'mean', loss_mode, max_turns=3)
+    assert out['loss'] == pytest.approx(expected.item(), abs=1e-10)
