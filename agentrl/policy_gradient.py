@@ -77,12 +77,6 @@ def _fix_op(task_name):
     return arl.FAMILIES[task_name.split('/')[0]]['fix_op']
 
 
-def _read_before_first_edit(actions):
-    """True if a 'read' call comes before the episode's first edit call (or there is no edit)."""
-    edits = [i for i, a in enumerate(actions) if a.startswith('edit')]
-    return 'read' in actions[:edits[0] if edits else len(actions)]
-
-
 def episode_stats(trajs):
     """Per-episode averages over trajs: pass_rate, reward, reads, tests, edits, first_edit_right, ..."""
     n = max(len(trajs), 1)
@@ -93,7 +87,7 @@ def episode_stats(trajs):
                 tests=mean(lambda t: t.info['actions'].count('test')),
                 edits=mean(lambda t: len(t.info['ops'])),
                 first_edit_right=mean(lambda t: t.info['ops'][:1] == [_fix_op(t.info['task'])]),
-                read_first=mean(lambda t: _read_before_first_edit(t.info['actions'])),
+                read_first=mean(lambda t: arl.read_before_first_edit(t.info)),      # Chapter 4's definition
                 turns=mean(lambda t: t.info['n_turns']),
                 length=mean(lambda t: t.action_mask.sum()))
 

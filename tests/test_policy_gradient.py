@@ -198,11 +198,14 @@ def test_sample_episodes_layout_and_stats(gym_setup):
     assert s['reads'] == pytest.approx(sum(t.info['actions'].count('read') for t in trajs) / 6)
 
 
-def test_read_before_first_edit():
-    from agentrl.policy_gradient import _read_before_first_edit
-    assert _read_before_first_edit(['read', 'edit swap_minmax', 'submit'])
-    assert not _read_before_first_edit(['edit swap_minmax', 'read', 'submit'])
-    assert not _read_before_first_edit(['test', 'submit'])
+def test_episode_stats_read_first_uses_chapter_4_definition(gym_setup):
+    tok, model, tasks = gym_setup
+    trajs = arl.sample_episodes(model, tasks[:2], tok, 3, torch.Generator().manual_seed(2), max_turns=4)
+    trajs[0].info = dict(trajs[0].info, actions=['read', 'edit swap_minmax', 'submit'])
+    trajs[1].info = dict(trajs[1].info, actions=['read', 'test', 'submit'])      # no edit: not 'read first'
+    expected = sum(arl.read_before_first_edit(t.info) for t in trajs) / len(trajs)
+    assert arl.episode_stats(trajs)['read_first'] == pytest.approx(expected)
+    assert arl.read_before_first_edit(trajs[0].info) and not arl.read_before_first_edit(trajs[1].info)
 
 
 def test_train_reinforce_runs_and_is_reproducible(gym_setup):
