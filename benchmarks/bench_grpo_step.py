@@ -41,7 +41,6 @@ class Timers:
     def __init__(self):
         self.forward = self.env = 0.0
         self.forward_calls = 0
-        self.sampling = False
 
 
 def attach_feed_timer(timers):
@@ -96,9 +95,7 @@ def timed_steps(base, tasks, tok, cfg, steps, warmup):
         timers.forward = timers.env = 0.0
         timers.forward_calls = 0
         c0, t0 = time.process_time(), time.perf_counter()
-        timers.sampling = True
         kept, sampled = arl.sample_step(model, env_factory, tasks, tok, cfg, generator)
-        timers.sampling = False
         t1 = time.perf_counter()
         record = dict(step=step, n_episodes=len(sampled),
                       zero_adv_frac=arl.zero_advantage_fraction(sampled, cfg.group_size),
