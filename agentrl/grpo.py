@@ -28,6 +28,8 @@ __all__ = [
     'EditBudgetEnv',
     'RL_BASE_KINDS',
     'make_rl_base',
+    'train_copy',
+    'train_many',
     'smooth',
     'plot_histories',
     'gspo_policy_loss',
@@ -38,6 +40,7 @@ __all__ = [
 import copy
 import dataclasses
 import functools
+import multiprocessing
 import random
 import re
 from dataclasses import dataclass
@@ -184,19 +187,29 @@ def policy_loss(logp, old_logp, advantages, mask, cfg):
                                norm_const=norm_const)
 
 
-def token_log_probs(model, ids, lengths, temperature, rows_per_pass=8):
+def token_log_probs(model, ids, lengths, temperature, rows_per_pass=8, grad_rows=None):
     """Log-prob of each next token at the sampling temperature, and the entropy: ids [B, T], lengths [B] -> [B, T-1] x 2.
 
     Rows go through the model in passes of rows_per_pass similar lengths, each cut to its longest
-    row; both outputs are 0 past a row's own length."""
+    row; both outputs are 0 past a row's own length. grad_rows [B] (bool, default all) marks the
+    rows whose log-probs need gradients; the others run without autograd."""
+    if grad_rows is None:
+        grad_rows = torch.ones(len(ids), dtype=torch.bool)
+    if grad_rows.shape != lengths.shape:
+        raise ValueError(f'grad_rows has shape {tuple(grad_rows.shape)}; expected [B] = {tuple(lengths.shape)}')
     logp = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=arl.DTYPE)
     entropy = torch.zeros_like(logp)
-    for rows in lengths.argsort().split(rows_per_pass):
-        T = int(lengths[rows].max())
-        inside = torch.arange(T - 1) < lengths[rows, None] - 1                 # [rows, T-1]
-        logits = model(ids[rows, :T])[:, :-1] / temperature                  # [rows, T-1, V]
-        logp[rows, :T - 1] = arl.selected_log_probs(logits, ids[rows, 1:T]) * inside
-        entropy[rows, :T - 1] = arl.entropy_from_logits(logits.detach()) * inside
+    for needs_grad in (True, False):
+        chosen = (grad_rows == needs_grad).nonzero()[:, 0]
+        if len(chosen) == 0:
+            continue
+        with torch.set_grad_enabled(needs_grad and torch.is_grad_enabled()):
+            for rows in chosen[lengths[chosen].argsort()].split(rows_per_pass):
+                T = int(lengths[rows].max())
+                inside = torch.arange(T - 1) < lengths[rows, None] - 1                 # [rows, T-1]
+                logits = model(ids[rows, :T])[:, :-1] / temperature                  # [rows, T-1, V]
+                logp[rows, :T - 1] = arl.selected_log_probs(logits, ids[rows, 1:T]) * inside
+                entropy[rows, :T - 1] = arl.entropy_from_logits(logits.detach()) * inside
     return logp, entropy
 
 
@@ -211,14 +224,19 @@ def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generato
     logs = []
     for _ in range(cfg.epochs):
         for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
-            logp, entropy = token_log_probs(model, ids[rows], lengths[rows], cfg.temperature)
+            learns = advantages[rows] != 0 if ref_logp is None else None   # None: the KL term has gradients everywhere
+            logp, entropy = token_log_probs(model, ids[rows], lengths[rows], cfg.temperature, grad_rows=learns)
             loss, stats = policy_loss(logp, old_logp[rows], advantages[rows], mask[rows], cfg)
             if ref_logp is not None:
                 kl = arl.masked_mean(kl_penalty(logp, ref_logp[rows], cfg.kl_kind), mask[rows])
                 loss = loss + cfg.kl_coef * kl
                 stats['kl_ref'] = kl.item()
             optimizer.zero_grad()
-            loss.backward()
+            if loss.requires_grad:
+                loss.backward()
+            else:                        # no row learns: a zero gradient, but Adam still moves on its momentum
+                for p in model.parameters():
+                    p.grad = torch.zeros_like(p)
             stats['grad_norm'] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             optimizer.step()
             stats['entropy'] = arl.masked_mean(entropy, mask[rows]).item()
@@ -344,6 +362,30 @@ RL_BASE_KINDS = ('random', 'blind') * 4 + ('oracle',)     # one demonstration se
 def make_rl_base(tok, seed=0):
     """The starting point of RL from this chapter on: make_base_agent with RL_BASE_KINDS."""
     return arl.make_base_agent(tok, seed, kinds=RL_BASE_KINDS)
+
+
+def train_copy(model, tasks, tok, fields, steps):
+    """Train a copy of model with RLConfig(**fields) for `steps` steps -> (trained copy, history)."""
+    model = copy.deepcopy(model)
+    history = train_rl(model, tasks, tok, RLConfig(**fields), steps)
+    return model, history
+
+
+def train_many(model, tasks, tok, configs, steps, processes=2):
+    """A train_rl run of `steps` steps from a copy of model per config, in worker processes -> [(model, history)]."""
+    if processes < 1:
+        raise ValueError(f'processes must be at least 1, got {processes!r}')
+    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps) for cfg in configs]
+    if processes == 1 or len(jobs) == 1:
+        return [train_copy(*job) for job in jobs]
+    for cfg in configs:
+        if callable(cfg.reward) and '<' in cfg.reward.__qualname__:
+            raise ValueError(f'reward {cfg.reward.__qualname__} cannot reach a worker process; '
+                             f'use a module-level function, or processes=1')
+    context = multiprocessing.get_context('spawn')       # a fresh interpreter: no state copied by fork
+    with context.Pool(min(processes, len(jobs)), initializer=torch.set_num_threads,
+                      initargs=(torch.get_num_threads(),)) as pool:
+        return pool.starmap(arl.train_copy, jobs, chunksize=1)   # the package's function, not a notebook's
 
 
 def smooth(values, window=5):

@@ -1,6 +1,6 @@
 """Benchmark of chapter 9's training step: one default GRPO step (64 episodes sampled + the update).
 
-Run: python benchmarks/bench_grpo_step.py [--steps 10] [--warmup 2] [--threads 1 2]
+Run: python benchmarks/bench_grpo_step.py [--steps 10] [--warmup 2] [--threads 1 2] [--run-steps 80] [--floor]
 
 From the RL base agent (make_rl_base) with RLConfig() (8 tasks x 8 attempts, renamed one-edit gym),
 for each thread count: a warm-up, then `--steps` timed steps. Each step is split into
@@ -13,11 +13,15 @@ for each thread count: a warm-up, then `--steps` timed steps. Each step is split
     renaming, and sample_step's bookkeeping,
   - statistics: behavior_stats, zero_advantage_fraction, collate and compute_advantages,
   - update: rl_update (2 minibatches, each forward + backward in length-sorted passes, + Adam;
-    pi_old comes from the rollout),
+    pi_old comes from the rollout; rows with advantage 0 run forward only),
   - cpu: process CPU time of the whole step (all threads): on a loaded machine the wall times
     include waiting for a core, the CPU time does not (with 1 thread it estimates the unloaded time).
 The step loop is train_rl's body written out with timers; as a cross-check the script also runs
 train_rl itself and takes per-step times from its `callback`. No library code is changed.
+--run-steps N (default 80) also times one whole N-step train_rl run: later steps have more
+zero-advantage groups, which cost the update only a forward pass, so a run's mean step differs
+from the first steps' median. --floor prints a lower bound: the step's matrix multiplies alone at
+this machine's best GEMM throughput on the model's layer shapes (float64 and float32).
 The script prints the machine (nproc, CPU model, load average) because timings depend on it.
 """
 import argparse
@@ -123,6 +127,88 @@ def train_rl_step_times(base, tasks, tok, cfg, steps, warmup):
     return [b - a for a, b in zip(stamps, stamps[1:])][warmup:]
 
 
+def linear_shapes(model):
+    """(in, out) of every nn.Linear of the model, once per layer."""
+    return [(m.in_features, m.out_features) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def gemm_gflops(shapes, rows, dtype, repeats=30):
+    """This machine's throughput of F.linear on the model's layer shapes with `rows` tokens, in GFLOP/s."""
+    flops = seconds = 0.0
+    for n_in, n_out in shapes:
+        x, w, b = torch.randn(rows, n_in, dtype=dtype), torch.randn(n_out, n_in, dtype=dtype), torch.randn(n_out, dtype=dtype)
+        for _ in range(3):
+            torch.nn.functional.linear(x, w, b)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            torch.nn.functional.linear(x, w, b)
+        seconds += (time.perf_counter() - start) / repeats
+        flops += 2 * rows * n_in * n_out
+    return flops / seconds / 1e9
+
+
+def compute_floor(base, tasks, tok, cfg, threads):
+    """A lower bound on one step's time: its matrix multiplies alone, at this machine's best GEMM speed.
+
+    Counts real tokens only (no padding), no attention, no elementwise work and no Python, so every
+    real implementation of the same step on this machine takes longer."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    kept, sampled = arl.sample_step(copy.deepcopy(base), lambda: arl.make_env(cfg), tasks, tok, cfg, generator)
+    per_token = 2 * sum(i * o for i, o in linear_shapes(base))           # forward FLOPs of the linear layers
+    batch = arl.collate(kept, tok.pad_id)
+    learns = (arl.compute_advantages(batch, cfg) != 0).tolist()
+    rollout_tokens = sum(len(t.ids) for t in sampled)
+    learn_tokens = sum(len(t.ids) for t, lr in zip(kept, learns) if lr)
+    other_tokens = sum(len(t.ids) for t, lr in zip(kept, learns) if not lr)
+    flops = per_token * (rollout_tokens + 3 * learn_tokens + other_tokens)   # backward costs 2 forwards
+    print(f'\ncompute floor: {per_token / 1e3:.0f} kFLOP per token forward in the linear layers; the first step '
+          f'feeds {rollout_tokens} tokens while sampling, {learn_tokens} through forward+backward and '
+          f'{other_tokens} (advantage 0) forward only: {flops / 1e9:.2f} GFLOP of matrix multiplies '
+          f'(padding and attention not counted)')
+    for threads_now in threads:
+        torch.set_num_threads(threads_now)
+        for dtype in (torch.float64, torch.float32):
+            best = max(gemm_gflops(linear_shapes(base), rows, dtype) for rows in (256, 1024, 2048))
+            print(f'  threads {threads_now}, {str(dtype)[6:]}: best GEMM {best:.1f} GFLOP/s on the model\'s shapes '
+                  f'-> matrix multiplies alone >= {flops / best / 1e6:.0f} ms per step')
+
+
+def forward_share(base, tasks, tok, cfg, repeats=7):
+    """Median time of token_log_probs on one step's batch: forward only (no_grad) vs forward + backward."""
+    generator = torch.Generator().manual_seed(cfg.seed)
+    kept, _ = arl.sample_step(copy.deepcopy(base), lambda: arl.make_env(cfg), tasks, tok, cfg, generator)
+    batch = arl.collate(kept, tok.pad_id)
+    model = copy.deepcopy(base)
+
+    def forward_only():
+        with torch.no_grad():
+            arl.token_log_probs(model, batch['ids'], batch['lengths'], cfg.temperature)
+
+    def forward_backward():
+        model.zero_grad()
+        arl.token_log_probs(model, batch['ids'], batch['lengths'], cfg.temperature)[0].sum().backward()
+
+    times = {}
+    for name, fn in (('forward', forward_only), ('forward+backward', forward_backward)):
+        fn()
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - start)
+        times[name] = statistics.median(samples)
+    print(f"token_log_probs on one step's {len(kept)} episodes: forward only {times['forward'] * 1000:.0f} ms, "
+          f"forward + backward {times['forward+backward'] * 1000:.0f} ms "
+          f"(a row with advantage 0 costs {times['forward'] / times['forward+backward']:.2f} of a learning row)")
+
+
+def run_time(base, tasks, tok, cfg, steps):
+    """Wall and CPU seconds of one train_rl run of `steps` steps -> (wall, cpu, history)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    history = arl.train_rl(copy.deepcopy(base), tasks, tok, cfg, steps)
+    return time.perf_counter() - wall, time.process_time() - cpu, history
+
+
 def machine():
     cpu = platform.processor() or 'unknown'
     try:
@@ -140,6 +226,9 @@ def main():
     parser.add_argument('--steps', type=int, default=10)
     parser.add_argument('--warmup', type=int, default=2)
     parser.add_argument('--threads', type=int, nargs='+', default=[1, 2])
+    parser.add_argument('--run-steps', type=int, default=80,
+                        help='also time one whole train_rl run of this many steps per thread count (0: skip)')
+    parser.add_argument('--floor', action='store_true', help='also print the matrix-multiply lower bound')
     args = parser.parse_args()
 
     m = machine()
@@ -170,8 +259,18 @@ def main():
         share = ', '.join(f'{k} {med[k] / med["total"]:.0%}' for k in ('forward', 'env', 'rest', 'stats', 'update'))
         print(f'threads {threads}: median step {med["total"] * 1000:.0f} ms ({share}); '
               f'train_rl step {t_loop * 1000:.0f} ms (min {min(loop) * 1000:.0f}, max {max(loop) * 1000:.0f})')
+        if args.run_steps:
+            wall, cpu, history = run_time(base, tasks, tok, cfg, args.run_steps)
+            zero = sum(h['zero_adv_frac'] for h in history) / len(history)
+            print(f'threads {threads}: a whole {args.run_steps}-step train_rl run took {wall:.1f} s '
+                  f'({cpu:.1f} s CPU, {1000 * wall / args.run_steps:.0f} ms per step; '
+                  f'mean share of zero-advantage groups {zero:.2f})')
     print()
     print('\n'.join(lines))
+    torch.set_num_threads(args.threads[0])
+    forward_share(base, tasks, tok, cfg)
+    if args.floor:
+        compute_floor(base, tasks, tok, cfg, args.threads)
     m = machine()
     print(f"\nload average after: {m['load'][0]:.2f} {m['load'][1]:.2f} {m['load'][2]:.2f}")
 

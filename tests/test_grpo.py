@@ -555,6 +555,25 @@ def test_token_log_probs_gradients_flow(tok):
     assert all((a - p.grad).abs().max() < 1e-12 for a, p in zip(alone, model.parameters()))
 
 
+def test_token_log_probs_grad_rows(tok):
+    """Rows outside grad_rows give the same numbers without autograd; only grad_rows carry gradients."""
+    model = tiny_agent(tok)
+    ids, lengths = _ragged_ids(tok, [5, 8, 3, 6])
+    learns = torch.tensor([True, False, True, False])
+    every, _ = arl.token_log_probs(model, ids, lengths, 1.0, rows_per_pass=2)
+    some, _ = arl.token_log_probs(model, ids, lengths, 1.0, rows_per_pass=2, grad_rows=learns)
+    assert (every.detach() - some.detach()).abs().max() < 1e-12
+    every[learns].sum().backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    some.sum().backward()                                   # rows 1 and 3 add nothing to the gradient
+    assert all((w - p.grad).abs().max() < 1e-12 for w, p in zip(want, model.parameters()))
+    none, _ = arl.token_log_probs(model, ids, lengths, 1.0, grad_rows=torch.zeros(4, dtype=torch.bool))
+    assert not none.requires_grad and (none - every.detach()).abs().max() < 1e-12
+    with pytest.raises(ValueError, match=r'grad_rows has shape \(3,\); expected \[B\] = \(4,\)'):
+        arl.token_log_probs(model, ids, lengths, 1.0, grad_rows=torch.ones(3, dtype=torch.bool))
+
+
 def _batch(tok, cfg, model, seed=0):
     trajs = arl.sample_groups(model, lambda: arl.make_env(cfg), TRAIN[:2], tok, cfg,
                               torch.Generator().manual_seed(seed))
@@ -660,11 +679,59 @@ def test_rl_update_zero_advantages_leave_policy_unchanged(tok):
     assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))
 
 
+@pytest.mark.parametrize('fields', [dict(epochs=2), dict(ratio_level='sequence'), dict(loss_mode='seq_mean_token_mean')])
+def test_rl_update_skipping_gradients_of_zero_advantage_rows_changes_nothing(tok, monkeypatch, fields):
+    """Rows with advantage 0 run without autograd; the steps equal those with gradients on every row,
+    including a minibatch where no row learns (Adam still moves on its momentum)."""
+    cfg = small_cfg(group_size=4, **fields)
+    batch, adv = _batch(tok, cfg, tiny_agent(tok, seed=3), seed=1)
+    some_zero = adv * torch.tensor([1.0, 0.0, 0.0, 1.0] * (len(adv) // 4), dtype=arl.DTYPE)
+    results = []
+    for every_row in (False, True):
+        if every_row:
+            plain = arl.grpo.token_log_probs
+            monkeypatch.setattr(arl.grpo, 'token_log_probs',
+                                lambda *args, grad_rows=None, **kw: plain(*args, **kw))
+        model = tiny_agent(tok, seed=3)
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        stats = [arl.rl_update(model, optimizer, batch, a, cfg, generator=torch.Generator().manual_seed(0))
+                 for a in (some_zero, torch.zeros_like(adv))]
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (stats, params), (want_stats, want_params) = results
+    assert stats[1]['grad_norm'] == 0.0
+    assert stats == [pytest.approx(w, abs=1e-12) for w in want_stats]
+    assert all((p - q).abs().max() < 1e-12 for p, q in zip(params, want_params))
+    assert any(not torch.equal(p, q) for p, q in zip(params, [p.detach() for p in tiny_agent(tok, seed=3).parameters()]))
+
+
 # --------------------------------------------------------------------------------------- the loop
 
 def _train(tok, steps=3, seed=0, **kwargs):
     cfg = small_cfg(seed=seed, **kwargs.pop('cfg', {}))
     return arl.train_rl(tiny_agent(tok), TRAIN, tok, cfg, steps, **kwargs)
+
+
+def test_train_many_in_processes_equals_one_run_after_another(tok):
+    configs = [small_cfg(seed=0), small_cfg(seed=1, adv_mode='rloo'), small_cfg(seed=2, dynamic_sampling=True)]
+    model = tiny_agent(tok)
+    serial = arl.train_many(model, TRAIN, tok, configs, steps=2, processes=1)
+    parallel = arl.train_many(model, TRAIN, tok, configs, steps=2, processes=2)
+    assert [h for _, h in parallel] == [h for _, h in serial]            # identical, not merely close
+    for (m, _), (n, _) in zip(serial, parallel):
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), n.parameters()))
+    alone = tiny_agent(tok)
+    want = arl.train_rl(alone, TRAIN, tok, configs[1], 2)
+    assert serial[1][1] == want and all(torch.equal(p, q) for p, q in zip(alone.parameters(), serial[1][0].parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), tiny_agent(tok).parameters()))   # untouched
+
+
+def test_train_many_rejects_zero_processes_and_unpicklable_rewards(tok):
+    with pytest.raises(ValueError, match='processes must be at least 1, got 0'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, [small_cfg()], steps=1, processes=0)
+    lam = small_cfg(reward=lambda info: 1.0)
+    with pytest.raises(ValueError, match=r'reward .*<lambda> cannot reach a worker process'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, [lam, small_cfg()], steps=1, processes=2)
+    assert len(arl.train_many(tiny_agent(tok), TRAIN, tok, [lam], steps=1, processes=2)) == 1   # one job: no workers
 
 
 def test_train_rl_reproducible_and_history_keys(tok):
