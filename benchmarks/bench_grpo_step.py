@@ -1,6 +1,7 @@
 """Benchmark of chapter 9's training step: one default GRPO step (64 episodes sampled + the update).
 
 Run: python benchmarks/bench_grpo_step.py [--steps 10] [--warmup 2] [--threads 1 2] [--run-steps 80] [--floor]
+                                          [--dtype float32]
 
 From the RL base agent (make_rl_base) with RLConfig() (8 tasks x 8 attempts, renamed one-edit gym),
 for each thread count: a warm-up, then `--steps` timed steps. Each step is split into
@@ -229,7 +230,11 @@ def main():
     parser.add_argument('--run-steps', type=int, default=80,
                         help='also time one whole train_rl run of this many steps per thread count (0: skip)')
     parser.add_argument('--floor', action='store_true', help='also print the matrix-multiply lower bound')
+    parser.add_argument('--dtype', choices=['float64', 'float32'], default='float64',
+                        help="the model's precision; float32 patches the library's DTYPE (not the book's setting)")
     args = parser.parse_args()
+    if args.dtype == 'float32':       # a what-if: the book records in float64 (see agentrl.agent.DTYPE)
+        agent_module.DTYPE = arl.DTYPE = torch.float32
 
     m = machine()
     print(f"machine: nproc {m['nproc']} | {m['cpu']} | torch {m['torch']} ({m['capability']}) | "
@@ -241,7 +246,7 @@ def main():
     print(f'make_rl_base: {time.perf_counter() - start:.1f} s (behaviour cloning, once)')
     cfg = arl.RLConfig()
     print(f'RLConfig(): {cfg.prompts_per_step} tasks x {cfg.group_size} attempts, {cfg.minibatches} minibatches,'
-          f' {cfg.epochs} epoch; {args.warmup} warm-up + {args.steps} timed steps; medians in ms')
+          f' {cfg.epochs} epoch; {args.warmup} warm-up + {args.steps} timed steps; {args.dtype}; medians in ms')
 
     parts = ('forward', 'env', 'rest', 'rollout', 'stats', 'update', 'total', 'cpu')
     header = (f"| threads | {' | '.join(parts)} | train_rl step | 80 steps (s) | forward calls/step |"
