@@ -8,7 +8,6 @@ __all__ = [
     'RLConfig',
     'make_env',
     'sample_groups',
-    'FIX_OP',
     'episode_behavior',
     'behavior_stats',
     'overlong_penalty',
@@ -122,15 +121,12 @@ def sample_groups(model, env_factory, tasks, tok, cfg, generator):
     return arl.rollout_batch(model, envs, attempts, tok, cfg.max_turns, cfg.temperature, generator)
 
 
-FIX_OP = {task.name: task.fix_op for task in arl.make_tasks('all')}
-
-
 def episode_behavior(trajectory):
     """What one episode did: passed, reward, reads, tests, edits, first_edit_right, turns, length (policy tokens)."""
     info, ops = trajectory.info, trajectory.info['ops']
     return dict(pass_rate=float(info['submitted'] and info['hidden_pass']), reward=float(trajectory.reward),
                 reads=info['actions'].count('read'), tests=info['actions'].count('test'), edits=len(ops),
-                first_edit_right=float(bool(ops) and ops[0] == FIX_OP.get(info['task'])),
+                first_edit_right=float(bool(ops) and ops[0] == arl.FIX_OP.get(info['task'])),
                 turns=info['n_turns'], length=float(trajectory.action_mask.sum()))
 
 

@@ -5,6 +5,7 @@ __all__ = [
     'FAMILIES',
     'EDIT_OPS',
     'FIX_OPS',
+    'FIX_OP',
     'MAX_TRACE_EVENTS',
     'SAFE_BUILTINS',
     'run_tests',
@@ -124,6 +125,8 @@ def _fix_index(source, public_tests):
 EDIT_OPS = {'swap_minmax': _swap_minmax, 'fix_range_end': _fix_range_end,
             'fix_comparison': _fix_comparison, 'fix_init': _fix_init, 'fix_index': _fix_index}
 FIX_OPS = tuple(spec['fix_op'] for spec in FAMILIES.values())
+FIX_OP = {f"{family}/{variant['f']}": spec['fix_op'] for family, spec in FAMILIES.items()
+          for variant in spec['variants']}                       # task name -> its repair op
 
 
 MAX_TRACE_EVENTS = 20_000          # line/call events one test may use before it is stopped
@@ -391,14 +394,13 @@ def play_stats(infos):
     if not infos:
         raise ValueError('play_stats needs at least one episode info')
     n = len(infos)
-    fix_op = {f"{family}/{v['f']}": spec['fix_op'] for family, spec in FAMILIES.items() for v in spec['variants']}
     readers = [info for info in infos if read_before_first_edit(info)]
-    right = sum(info['ops'][0] == fix_op[info['task']] for info in readers)
+    right = sum(info['ops'][0] == FIX_OP[info['task']] for info in readers)
     return dict(pass_rate=sum(bool(i['submitted'] and i['hidden_pass']) for i in infos) / n,
                 reads=sum(i['actions'].count('read') for i in infos) / n,
                 tests=sum(i['actions'].count('test') for i in infos) / n,
                 edits=sum(len(i['ops']) for i in infos) / n,
                 turns=sum(i['n_turns'] for i in infos) / n,
-                first_edit_right=sum(i['ops'][:1] == [fix_op[i['task']]] for i in infos) / n,
+                first_edit_right=sum(i['ops'][:1] == [FIX_OP[i['task']]] for i in infos) / n,
                 read_first=len(readers) / n, n_read_first=len(readers),
                 read_first_right=right / len(readers) if readers else float('nan'))

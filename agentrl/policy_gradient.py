@@ -72,11 +72,6 @@ def aggregate_loss(per_token, mask, mode, norm_const=None):
 import agentrl as arl
 
 
-def _fix_op(task_name):
-    """The repair op of a task named 'family/f'."""
-    return arl.FAMILIES[task_name.split('/')[0]]['fix_op']
-
-
 def episode_stats(trajs):
     """Per-episode averages over trajs: pass_rate, reward, reads, tests, edits, first_edit_right, ..."""
     n = max(len(trajs), 1)
@@ -86,7 +81,7 @@ def episode_stats(trajs):
                 reads=mean(lambda t: t.info['actions'].count('read')),
                 tests=mean(lambda t: t.info['actions'].count('test')),
                 edits=mean(lambda t: len(t.info['ops'])),
-                first_edit_right=mean(lambda t: t.info['ops'][:1] == [_fix_op(t.info['task'])]),
+                first_edit_right=mean(lambda t: t.info['ops'][:1] == [arl.FIX_OP[t.info['task']]]),
                 read_first=mean(lambda t: arl.read_before_first_edit(t.info)),      # Chapter 4's definition
                 turns=mean(lambda t: t.info['n_turns']),
                 length=mean(lambda t: t.action_mask.sum()))

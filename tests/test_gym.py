@@ -64,6 +64,11 @@ def test_buggy_fails_and_fixed_passes():
 
 # ops and the blind table -------------------------------------------------------------------------
 
+def test_fix_op_is_the_answer_key_of_every_task():
+    assert arl.FIX_OP == {t.name: t.fix_op for t in ALL}       # every task, its own op, no others
+    assert set(arl.FIX_OP.values()) == set(arl.FIX_OPS) and len(arl.FIX_OP) == 30
+
+
 def test_each_op_fixes_exactly_its_family():
     for t in ALL:
         for op in arl.FIX_OPS:
