@@ -6,6 +6,7 @@ Usage::
 
     python tools/record.py book/04-bugfix-gym.md [more chapters...]
     python tools/record.py --all                  # every chapter listed in _toc.yml
+    python tools/record.py --out /tmp/rec book/04-bugfix-gym.md   # a scratch record elsewhere
     python tools/record.py --prose-only book/04-bugfix-gym.md
         # only the markdown changed: copy the new prose, keep the recorded outputs
         # (refuses if any code cell differs from the record)
@@ -141,12 +142,12 @@ def finish(nb: nbformat.NotebookNode, info: dict, rel: str) -> nbformat.Notebook
     return nb
 
 
-def record(root: Path, md: Path) -> float:
+def record(root: Path, md: Path, out_dir: Path | None = None) -> float:
     t0 = time.perf_counter()
     rel = md.relative_to(root).as_posix()
     nb = source_notebook(md)
     info = execute(root, nb)
-    out = recorded_path(root, md)
+    out = recorded_path(root, md) if out_dir is None else out_dir / (md.stem + ".ipynb")
     nbformat.write(finish(nb, info, rel), out)
     return time.perf_counter() - t0
 
@@ -201,11 +202,19 @@ def main(argv=None) -> int:
                     help="keep recorded outputs, update prose (code cells must be unchanged)")
     ap.add_argument("--root", type=Path, default=bookenv.REPO,
                     help="book root (default: this repo)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="write the records into this directory instead of book/recorded "
+                         "(a scratch record: e.g. to compare runs under other kernels)")
     args = ap.parse_args(argv)
     root = args.root.resolve()
     if not args.chapters and not args.all:
         ap.error("name chapters to record, or --all")
     chapters = resolve_chapters(root, args.chapters, args.all)
+    out_dir = args.out.resolve() if args.out else None
+    if out_dir is not None and args.prose_only:
+        ap.error("--out records fresh outputs; it cannot be combined with --prose-only")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     if tangle.tangle(root) != 0:
         print("record: the tangler failed; nothing recorded", file=sys.stderr)
         return 2
@@ -218,14 +227,15 @@ def main(argv=None) -> int:
             continue
         print(f"record: {rel} ...", flush=True)
         try:
-            dt = record(root, md)
+            dt = record(root, md, out_dir)
         except Exception as e:  # CellExecutionError, timeouts, kernel death
             print(f"record: {rel} FAILED, record not written:\n{e}", file=sys.stderr)
             return 1
         total += dt
-        save_timing(recorded_path(root, md), dt)
-        print(f"record: {rel} -> {recorded_path(root, md).relative_to(root).as_posix()} "
-              f"in {dt:.1f} s", flush=True)
+        out = recorded_path(root, md) if out_dir is None else out_dir / (md.stem + ".ipynb")
+        if out_dir is None:
+            save_timing(out, dt)
+        print(f"record: {rel} -> {out} in {dt:.1f} s", flush=True)
     if len(chapters) > 1 and not args.prose_only:
         print(f"record: {len(chapters)} chapters in {total:.1f} s")
     return 0

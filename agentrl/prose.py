@@ -1,0 +1,41 @@
+"""Numbers for the chapters' prose, taken from the run that printed them (hand-written module).
+
+A chapter records a computed value with ``glue(name=text)`` in a code cell and quotes it in a
+markdown cell as ``{glue:text}`name```. The value is stored in the recorded notebook (as myst-nb's
+``glue`` stores it, without displaying it), the site pastes it into the sentence, and nbval
+compares it with every other output. Re-recording a chapter on another machine therefore
+updates its prose. Outside a notebook ``glue`` does nothing, so a chapter's code runs anywhere.
+"""
+from __future__ import annotations
+
+import re
+
+__all__ = ["glue"]
+
+GLUE_PREFIX = "application/papermill.record/"   # myst-nb's mime prefix for hidden glue
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def glue(**values) -> None:
+    """Record each ``name=value`` for ``{glue:text}`name``` in the prose; value a str or an int.
+
+    Floats are refused on purpose: format them as the sentence should read them
+    (``f"{x:.3f}"``), so the recorded text is exactly the text on the page.
+    """
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise TypeError(f"glue({name}=...): expected a str or an int, got "
+                            f"{type(value).__name__} {value!r}; format numbers as they should "
+                            f"read, e.g. {name}=f'{{x:.3f}}'")
+        if not _NAME_RE.match(name):
+            raise ValueError(f"glue name {name!r} is not an identifier")
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:          # no IPython: plain Python, nothing to record
+        return
+    if get_ipython() is None:
+        return
+    for name, value in values.items():
+        display({GLUE_PREFIX + "text/plain": repr(value)}, raw=True,
+                metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
