@@ -177,3 +177,19 @@ def test_nbval_passes_on_fresh_records_and_catches_a_changed_output(recorded_cop
 def test_check_with_no_records_skips_cleanly(book):
     r = run_tool("check.py", "--root", str(book))
     assert r.returncode == 0 and "nbval step skipped" in r.stdout
+
+
+def test_other_kernels_report_counts_cells_that_hold_per_chapter(recorded_copy):
+    ipynb = recorded_copy / "book/recorded/03-beta.ipynb"
+    ipynb.write_text(ipynb.read_text().replace("9.000", "9.001"))
+    r = run_tool("check.py", "--root", str(recorded_copy), "--other-kernels", "--jobs", "2")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    rows = {line.split()[0]: [int(x) for x in line.split()[1:]]
+            for line in r.stdout.splitlines() if line.split()[:1] and (
+                line.split()[0].endswith(".ipynb") or line.split()[0] == "all")
+            and len(line.split()) == 4}
+    beta = rows["03-beta.ipynb"]
+    assert beta[0] >= 2 and beta[2] == 1 and beta[1] == beta[0] - 1
+    assert rows["all"][2] == 1 and rows["all"][0] == sum(v[0] for k, v in rows.items()
+                                                         if k != "all")
+    assert "MKL_CBWR=COMPATIBLE" in r.stdout
