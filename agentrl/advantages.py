@@ -17,7 +17,8 @@ import agentrl as arl
 
 
 class ValueCritic(torch.nn.Module):
-    """Value model: a copy of the policy network with a linear head on its logits: ids [B, T] -> [B, T]."""
+    """Value model: a copy of the policy with a linear head on its logits:
+    [B, T] -> [B, T]."""
 
     def __init__(self, policy):
         super().__init__()
@@ -34,14 +35,14 @@ class ValueCritic(torch.nn.Module):
 
 
 def value_loss(values, returns, mask):
-    """Half the masked mean squared error of values against returns: all [B, T] -> scalar."""
+    """Half the masked mean squared error of values vs returns: [B, T] -> scalar."""
     _check_same_shape(values, mask, ('values', 'mask'))
     _check_same_shape(returns, mask, ('returns', 'mask'))
     return 0.5 * arl.masked_mean((values - returns.detach()) ** 2, mask)
 
 
 def explained_variance(pred, target, mask=None):
-    """1 - Var(target - pred) / Var(target) over masked entries (all if mask is None) -> float (nan if Var = 0)."""
+    """1 - Var(target - pred) / Var(target) over masked (or all) entries; nan if 0/0."""
     _check_same_shape(pred, target, ('pred', 'target'))
     keep = torch.ones_like(target, dtype=torch.bool) if mask is None else mask.bool()
     y, err = target[keep].double(), (target - pred)[keep].double()
@@ -52,19 +53,22 @@ def explained_variance(pred, target, mask=None):
 def _check_same_shape(a, b, names):
     """Raise ValueError unless tensors a and b have the same shape."""
     if a.shape != b.shape:
-        raise ValueError(f'{names[0]} has shape {tuple(a.shape)} but {names[1]} has shape '
-                         f'{tuple(b.shape)}; they must match')
+        raise ValueError(f'{names[0]} has shape {tuple(a.shape)} but {names[1]} has '
+                         f'shape {tuple(b.shape)}; they must match')
 
 
 def gae_advantages(rewards, values, mask, gamma=1.0, lam=0.95):
-    """GAE over policy tokens: rewards [B] (paid at the last policy token) or [B, T]; values, mask [B, T] -> (advantages, returns) [B, T]."""
+    """GAE over policy tokens -> (advantages, returns) [B, T].
+
+    rewards [B] (paid at the last policy token) or [B, T]; values, mask [B, T]."""
     _check_same_shape(values, mask, ('values', 'mask'))
     if not (0.0 <= gamma <= 1.0 and 0.0 <= lam <= 1.0):
-        raise ValueError(f'gamma and lam must lie in [0, 1], got gamma={gamma!r}, lam={lam!r}')
+        raise ValueError(f'gamma and lam must lie in [0, 1], '
+                         f'got gamma={gamma!r}, lam={lam!r}')
     values, keep = values.detach(), mask.bool()
     B, T = values.shape
     if rewards.dim() == 1 and len(rewards) == B:
-        last = torch.where(keep, torch.arange(T), -1).max(-1).values        # last policy token, -1 if none
+        last = torch.where(keep, torch.arange(T), -1).max(-1).values   # last, or -1
         per_token = torch.zeros_like(values)
         rows = (last >= 0).nonzero().squeeze(-1)
         per_token[rows, last[rows]] = rewards.to(values.dtype)[rows]
@@ -73,7 +77,8 @@ def gae_advantages(rewards, values, mask, gamma=1.0, lam=0.95):
     advantages = torch.zeros_like(values)
     next_value = next_adv = torch.zeros(B, dtype=values.dtype)
     for t in reversed(range(T)):
-        adv_t = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * next_adv
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
         advantages[:, t] = torch.where(keep[:, t], adv_t, 0.0)
         next_value = torch.where(keep[:, t], values[:, t], next_value)
         next_adv = torch.where(keep[:, t], adv_t, next_adv)
@@ -81,25 +86,28 @@ def gae_advantages(rewards, values, mask, gamma=1.0, lam=0.95):
 
 
 def _reward_groups(rewards, group_size, min_size=1):
-    """Check and reshape rewards [B] into [B / group_size, group_size] (floating point)."""
+    """Check and reshape rewards [B] into [B / group_size, group_size], floating."""
     rewards = torch.as_tensor(rewards)
     if rewards.dim() != 1:
         raise ValueError(f'rewards must have shape [B], got {tuple(rewards.shape)}')
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < min_size:
+    if (isinstance(group_size, bool) or not isinstance(group_size, int)
+            or group_size < min_size):
         raise ValueError(f'group_size must be an int >= {min_size}, got {group_size!r}')
     if len(rewards) % group_size:
-        raise ValueError(f'{len(rewards)} rewards do not split into groups of group_size={group_size}')
-    return (rewards if rewards.is_floating_point() else rewards.float()).view(-1, group_size)
+        raise ValueError(f'{len(rewards)} rewards do not split into groups of '
+                         f'group_size={group_size}')
+    rewards = rewards if rewards.is_floating_point() else rewards.float()
+    return rewards.view(-1, group_size)
 
 
 def _zero_flat_groups(adv, groups):
-    """Set the advantages of groups whose rewards are all equal to exactly 0: [N, G] -> [N * G]."""
+    """Exactly 0 advantage for groups whose rewards are all equal: [N, K] -> [N * K]."""
     flat = (groups == groups[:, :1]).all(-1, keepdim=True)
     return torch.where(flat, torch.zeros((), dtype=adv.dtype), adv).flatten()
 
 
 def group_advantages(rewards, group_size, normalize_std=True, eps=1e-6):
-    """GRPO advantages (r - group mean) / (population std + eps), or mean-only: rewards [B] -> [B]."""
+    """GRPO advantages (r - mean) / (population std + eps), or mean-only: [B] -> [B]."""
     groups = _reward_groups(rewards, group_size)
     adv = groups - groups.mean(-1, keepdim=True)
     if normalize_std:
@@ -108,7 +116,7 @@ def group_advantages(rewards, group_size, normalize_std=True, eps=1e-6):
 
 
 def rloo_advantages(rewards, group_size):
-    """Leave-one-out advantages r_i - mean of the other G - 1 rewards of its group: rewards [B] -> [B]."""
+    """Leave-one-out advantages, r_i - mean of the group's other rewards: [B] -> [B]."""
     groups = _reward_groups(rewards, group_size, min_size=2)
     others = (groups.sum(-1, keepdim=True) - groups) / (group_size - 1)
     return _zero_flat_groups(groups - others, groups)

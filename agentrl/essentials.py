@@ -15,12 +15,13 @@ import torch
 
 
 def discounted_returns(rewards, gamma):
-    """Returns-to-go G_t = r_t + gamma * G_{t+1} of one episode: rewards [T] -> float64 [T]."""
+    """Returns-to-go G_t = r_t + gamma * G_{t+1} of one episode: rewards [T] -> [T]."""
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma!r}")
     r = torch.as_tensor(rewards, dtype=torch.float64)
     if r.dim() != 1:
-        raise ValueError(f"rewards must be one episode, a 1-D sequence; got shape {tuple(r.shape)}")
+        raise ValueError("rewards must be one episode, a 1-D sequence; "
+                         f"got shape {tuple(r.shape)}")
     returns = torch.zeros_like(r)
     running = torch.zeros((), dtype=torch.float64)
     for t in range(len(r) - 1, -1, -1):
@@ -30,12 +31,13 @@ def discounted_returns(rewards, gamma):
 
 
 class BernoulliBandit:
-    """K-armed bandit: arm a pays 1.0 with probability probs[a], else 0.0 (float64)."""
+    """Multi-armed bandit: arm a pays 1.0 with probability probs[a], else 0.0."""
 
     def __init__(self, probs):
         p = torch.as_tensor(probs, dtype=torch.float64)
         if p.dim() != 1 or len(p) < 2:
-            raise ValueError(f"probs must be a 1-D sequence of at least 2 arms, got shape {tuple(p.shape)}")
+            raise ValueError("probs must be a 1-D sequence of at least 2 arms, "
+                             f"got shape {tuple(p.shape)}")
         if bool(((p < 0) | (p > 1)).any()):
             raise ValueError(f"probs must lie in [0, 1], got {p.tolist()}")
         self.probs = p
@@ -51,11 +53,15 @@ class BernoulliBandit:
 
 
 def run_epsilon_greedy(bandit, steps, epsilon, n_runs, generator=None):
-    """Epsilon-greedy on sample means, n_runs independent runs -> (rewards [n_runs, steps], arms [n_runs, steps])."""
+    """Epsilon-greedy on sample means, n_runs independent runs -> (rewards, arms).
+
+    rewards and arms have shape [n_runs, steps].
+    """
     if not 0.0 <= epsilon <= 1.0:
         raise ValueError(f"epsilon must be in [0, 1], got {epsilon!r}")
     if steps < 1 or n_runs < 1:
-        raise ValueError(f"steps and n_runs must be >= 1, got steps={steps!r}, n_runs={n_runs!r}")
+        raise ValueError("steps and n_runs must be >= 1, "
+                         f"got steps={steps!r}, n_runs={n_runs!r}")
     counts = torch.zeros(n_runs, bandit.k, dtype=torch.float64)
     means = torch.zeros(n_runs, bandit.k, dtype=torch.float64)
     rewards = torch.zeros(n_runs, steps, dtype=torch.float64)
@@ -63,7 +69,7 @@ def run_epsilon_greedy(bandit, steps, epsilon, n_runs, generator=None):
     rows = torch.arange(n_runs)
     for t in range(steps):
         best = (means == means.max(dim=1, keepdim=True).values).to(torch.float64)
-        greedy = torch.multinomial(best, 1, generator=generator).squeeze(1)     # random among ties
+        greedy = torch.multinomial(best, 1, generator=generator)[:, 0]  # ties: random
         random_arm = torch.randint(bandit.k, (n_runs,), generator=generator)
         explore = torch.rand(n_runs, generator=generator, dtype=torch.float64) < epsilon
         arm = torch.where(explore, random_arm, greedy)
@@ -75,20 +81,25 @@ def run_epsilon_greedy(bandit, steps, epsilon, n_runs, generator=None):
 
 
 def run_softmax_bandit(bandit, steps, lr, n_runs, generator=None, baseline=True):
-    """Softmax policy trained by the sampled policy gradient -> (rewards [n_runs, steps], arms [n_runs, steps])."""
+    """Softmax policy trained by the sampled policy gradient -> (rewards, arms).
+
+    rewards and arms have shape [n_runs, steps].
+    """
     if lr <= 0:
         raise ValueError(f"lr must be positive, got {lr!r}")
     if steps < 1 or n_runs < 1:
-        raise ValueError(f"steps and n_runs must be >= 1, got steps={steps!r}, n_runs={n_runs!r}")
+        raise ValueError("steps and n_runs must be >= 1, "
+                         f"got steps={steps!r}, n_runs={n_runs!r}")
     prefs = torch.zeros(n_runs, bandit.k, dtype=torch.float64)
-    avg = torch.zeros(n_runs, dtype=torch.float64)                 # running mean reward (baseline)
+    avg = torch.zeros(n_runs, dtype=torch.float64)    # running mean reward: baseline
     rewards = torch.zeros(n_runs, steps, dtype=torch.float64)
     arms = torch.zeros(n_runs, steps, dtype=torch.long)
     for t in range(steps):
         pi = torch.softmax(prefs, dim=1)
         arm = torch.multinomial(pi, 1, generator=generator).squeeze(1)
         r = bandit.pull(arm, generator)
-        score = torch.nn.functional.one_hot(arm, bandit.k).to(torch.float64) - pi   # grad log pi(arm)
+        one_hot = torch.nn.functional.one_hot(arm, bandit.k).to(torch.float64)
+        score = one_hot - pi                                  # grad log pi(arm)
         b = avg if baseline else torch.zeros_like(avg)
         prefs += lr * (r - b)[:, None] * score
         avg += (r - avg) / (t + 1)
@@ -97,13 +108,17 @@ def run_softmax_bandit(bandit, steps, lr, n_runs, generator=None, baseline=True)
 
 
 class PeekOrGuessEnv:
-    """Toy episodic task: a bug hides in one of n_spots; action 0 peeks (reveals it), action 1+i fixes spot i and ends the episode."""
+    """Toy episodic task: a bug hides in one of n_spots spots.
+
+    Action 0 peeks (reveals the spot); action 1 + i fixes spot i and ends the episode.
+    """
 
     def __init__(self, n_spots=4, max_turns=3):
         if n_spots < 2 or max_turns < 1:
-            raise ValueError(f"need n_spots >= 2 and max_turns >= 1, got n_spots={n_spots!r}, max_turns={max_turns!r}")
+            raise ValueError("need n_spots >= 2 and max_turns >= 1, "
+                             f"got n_spots={n_spots!r}, max_turns={max_turns!r}")
         self.n_spots, self.max_turns = n_spots, max_turns
-        self.n_states = self.n_actions = 1 + n_spots     # state 0 = unknown, 1 + i = knows spot i
+        self.n_states = self.n_actions = 1 + n_spots   # 0 unknown, 1 + i knows spot i
 
     def reset(self, generator=None):
         """Hide the bug at a random spot -> state 0."""
@@ -116,7 +131,8 @@ class PeekOrGuessEnv:
         if self.done:
             raise ValueError("episode is over; call reset()")
         if not 0 <= action < self.n_actions:
-            raise ValueError(f"action must be in [0, {self.n_actions - 1}], got {action!r}")
+            raise ValueError(f"action must be in [0, {self.n_actions - 1}], "
+                             f"got {action!r}")
         self.turn += 1
         reward = 0.0
         if action == 0:
@@ -129,9 +145,13 @@ class PeekOrGuessEnv:
 
 
 def play_tabular_episode(env, logits, generator=None):
-    """One episode with the softmax policy logits [n_states, n_actions] -> (states, actions, rewards, log_probs [T])."""
+    """One episode of the softmax policy logits [n_states, n_actions].
+
+    Returns (states, actions, rewards, log_probs [T]).
+    """
     if logits.shape != (env.n_states, env.n_actions):
-        raise ValueError(f"logits must have shape {(env.n_states, env.n_actions)}, got {tuple(logits.shape)}")
+        raise ValueError(f"logits must have shape {(env.n_states, env.n_actions)}, "
+                         f"got {tuple(logits.shape)}")
     state, done = env.reset(generator), False
     states, actions, rewards, log_probs = [], [], [], []
     while not done:

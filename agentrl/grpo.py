@@ -55,28 +55,40 @@ KL_KINDS = ('k1', 'k2', 'k3')
 
 @dataclass
 class RLConfig:
-    """Every setting train_rl reads; the defaults are the book's GRPO on the renamed one-edit gym."""
+    """Every setting train_rl reads; the defaults are the book's GRPO on the renamed
+    one-edit gym."""
     # what a step samples
-    group_size: int = 8             # G: attempts at each task, side by side in the batch
-    prompts_per_step: int = 8       # tasks per step; the batch has G * prompts_per_step episodes
+    # K: attempts at each task, side by side in the batch
+    group_size: int = 8
+    # tasks per step; the batch has K * prompts_per_step episodes
+    prompts_per_step: int = 8
     temperature: float = 1.0
     max_turns: int = 6
     # the environment (see the section on shortcut features)
     rename: bool = True             # draw a random function name for every episode
-    max_edits: object = 1           # edits applied per episode; None lifts the limit (Chapter 4's gym)
-    reward: object = 'hidden'       # 'hidden', 'public', or a function of the final info
+    # edits applied per episode; None lifts the limit (Chapter 4's gym)
+    max_edits: object = 1
+    # 'hidden', 'public', or a function of the final info
+    reward: object = 'hidden'
     # from rewards to advantages
-    adv_mode: str = 'grpo'          # 'grpo' standardizes in the group, 'mean' only centres (Dr. GRPO), 'rloo'
-    overlong_buffer: int = 0        # DAPO: turns before the budget over which a 0-to-1 penalty grows; 0 = none
-    dynamic_sampling: bool = False  # DAPO: replace groups whose rewards are all equal by freshly sampled ones
-    max_sample_rounds: int = 4      # at most this many sampling rounds per step with dynamic_sampling
+    # 'grpo' standardizes in the group, 'mean' only centres (Dr. GRPO), 'rloo'
+    adv_mode: str = 'grpo'
+    # DAPO: turns before the budget over which a 0-to-1 penalty grows; 0 = none
+    overlong_buffer: int = 0
+    # DAPO: replace groups whose rewards are all equal by freshly sampled ones
+    dynamic_sampling: bool = False
+    # at most this many sampling rounds per step with dynamic_sampling
+    max_sample_rounds: int = 4
     # the update
-    ratio_level: str = 'token'      # importance ratios per 'token' (PPO, GRPO) or per 'sequence' (GSPO)
+    # importance ratios per 'token' (PPO, GRPO) or per 'sequence' (GSPO)
+    ratio_level: str = 'token'
     clip_low: float = 0.2
     clip_high: float = 0.2
     loss_mode: str = 'token_mean'   # how arl.aggregate_loss reduces per-token terms
-    norm_const: object = None       # divisor of loss_mode='constant'; None: rows * max_turns * MAX_CALL_TOKENS
-    kl_coef: float = 0.0            # weight of the KL penalty to a frozen reference; 0 = no reference
+    # divisor of loss_mode='constant'; None: rows * max_turns * MAX_CALL_TOKENS
+    norm_const: object = None
+    # weight of the KL penalty to a frozen reference; 0 = no reference
+    kl_coef: float = 0.0
     kl_kind: str = 'k3'             # KL estimator: 'k1', 'k2' or 'k3'
     lr: float = 1e-3
     epochs: int = 1
@@ -88,45 +100,62 @@ class RLConfig:
         for name, allowed in [('adv_mode', ADV_MODES), ('ratio_level', RATIO_LEVELS),
                               ('kl_kind', KL_KINDS), ('loss_mode', arl.LOSS_MODES)]:
             if getattr(self, name) not in allowed:
-                raise ValueError(f'unknown {name} {getattr(self, name)!r}; expected one of {allowed}')
+                raise ValueError(f'unknown {name} {getattr(self, name)!r}; '
+                                 f'expected one of {allowed}')
         if not (self.reward in arl.REWARDS or callable(self.reward)):
-            raise ValueError(f'unknown reward {self.reward!r}; expected one of {arl.REWARDS} or a callable')
+            raise ValueError(f'unknown reward {self.reward!r}; '
+                             f'expected one of {arl.REWARDS} or a callable')
         if self.max_edits is not None and self.max_edits < 1:
-            raise ValueError(f'max_edits must be None or at least 1, got {self.max_edits!r}')
-        for name in ('group_size', 'prompts_per_step', 'max_turns', 'max_sample_rounds', 'minibatches', 'epochs'):
+            raise ValueError(f'max_edits must be None or at least 1, '
+                             f'got {self.max_edits!r}')
+        for name in ('group_size', 'prompts_per_step', 'max_turns', 'max_sample_rounds',
+                     'minibatches', 'epochs'):
             if getattr(self, name) < 1:
-                raise ValueError(f'{name} must be at least 1, got {getattr(self, name)!r}')
+                raise ValueError(f'{name} must be at least 1, '
+                                 f'got {getattr(self, name)!r}')
         if self.temperature <= 0 or self.lr <= 0:
-            raise ValueError(f'temperature and lr must be positive, got {self.temperature!r} and {self.lr!r}')
+            raise ValueError(f'temperature and lr must be positive, '
+                             f'got {self.temperature!r} and {self.lr!r}')
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, got {self.clip_low!r} and {self.clip_high!r}')
+            raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, '
+                             f'got {self.clip_low!r} and {self.clip_high!r}')
         if not 0 <= self.overlong_buffer <= self.max_turns:
-            raise ValueError(f'overlong_buffer must be in [0, max_turns={self.max_turns}], got {self.overlong_buffer!r}')
+            raise ValueError(f'overlong_buffer must be in '
+                             f'[0, max_turns={self.max_turns}], '
+                             f'got {self.overlong_buffer!r}')
 
 
 def make_env(cfg):
-    """A fresh environment for one episode: cfg's turn budget and reward, and its edit budget if any."""
+    """A fresh environment for one episode: cfg's turn budget and reward, and its edit
+    budget if any."""
     if cfg.max_edits is not None:
-        return EditBudgetEnv(max_turns=cfg.max_turns, reward=cfg.reward, max_edits=cfg.max_edits)
+        return EditBudgetEnv(max_turns=cfg.max_turns, reward=cfg.reward,
+                             max_edits=cfg.max_edits)
     return arl.BugFixEnv(max_turns=cfg.max_turns, reward=cfg.reward)
 
 
 def sample_groups(model, env_factory, tasks, tok, cfg, generator):
-    """Roll out cfg.group_size attempts at each task, a task's attempts side by side -> [Trajectory] (len(tasks) * G)."""
+    """Roll out cfg.group_size attempts at each task, a task's attempts side by side ->
+    [Trajectory] (len(tasks) * K)."""
     attempts = [task for task in tasks for _ in range(cfg.group_size)]
     if cfg.rename:
-        renamer = random.Random(torch.randint(2 ** 62, (), generator=generator).item())   # seeded by the step
+        # seeded by the step
+        renamer = random.Random(torch.randint(2 ** 62, (), generator=generator).item())
         attempts = [randomize_names(task, renamer) for task in attempts]
     envs = [env_factory() for _ in attempts]
-    return arl.rollout_batch(model, envs, attempts, tok, cfg.max_turns, cfg.temperature, generator)
+    return arl.rollout_batch(model, envs, attempts, tok, cfg.max_turns, cfg.temperature,
+                             generator)
 
 
 def episode_behavior(trajectory):
-    """What one episode did: passed, reward, reads, tests, edits, first_edit_right, turns, length (policy tokens)."""
+    """What one episode did: passed, reward, reads, tests, edits, first_edit_right,
+    turns, length (policy tokens)."""
     info, ops = trajectory.info, trajectory.info['ops']
-    return dict(pass_rate=float(info['submitted'] and info['hidden_pass']), reward=float(trajectory.reward),
-                reads=info['actions'].count('read'), tests=info['actions'].count('test'), edits=len(ops),
-                first_edit_right=float(bool(ops) and ops[0] == arl.FIX_OP.get(info['task'])),
+    return dict(pass_rate=float(info['submitted'] and info['hidden_pass']),
+                reward=float(trajectory.reward), reads=info['actions'].count('read'),
+                tests=info['actions'].count('test'), edits=len(ops),
+                first_edit_right=float(bool(ops)
+                                       and ops[0] == arl.FIX_OP.get(info['task'])),
                 turns=info['n_turns'], length=float(trajectory.action_mask.sum()))
 
 
@@ -139,7 +168,8 @@ def behavior_stats(trajs):
 
 
 def overlong_penalty(n_turns, cfg):
-    """DAPO's soft length penalty per episode: 0, then rising linearly to 1 over the last cfg.overlong_buffer turns -> [B]."""
+    """DAPO's soft length penalty per episode: 0, then rising linearly to 1 over the
+    last cfg.overlong_buffer turns -> [B]."""
     if not cfg.overlong_buffer:
         return torch.zeros_like(n_turns)
     turns_into_buffer = n_turns - (cfg.max_turns - cfg.overlong_buffer)
@@ -147,19 +177,23 @@ def overlong_penalty(n_turns, cfg):
 
 
 def compute_advantages(batch, cfg):
-    """One advantage per episode from batch['rewards'] [B], in groups of cfg.group_size side by side -> [B]."""
+    """One advantage per episode from batch['rewards'] [B], in groups of cfg.group_size
+    side by side -> [B]."""
     if cfg.adv_mode not in ADV_MODES:
-        raise ValueError(f'unknown adv_mode {cfg.adv_mode!r}; expected one of {ADV_MODES}')
+        raise ValueError(f'unknown adv_mode {cfg.adv_mode!r}; '
+                         f'expected one of {ADV_MODES}')
     rewards = batch['rewards']
     if cfg.overlong_buffer:
         rewards = rewards - overlong_penalty(batch['n_turns'], cfg)
     if cfg.adv_mode == 'rloo':
         return arl.rloo_advantages(rewards, cfg.group_size)
-    return arl.group_advantages(rewards, cfg.group_size, normalize_std=(cfg.adv_mode == 'grpo'))
+    return arl.group_advantages(rewards, cfg.group_size,
+                                normalize_std=(cfg.adv_mode == 'grpo'))
 
 
 def kl_penalty(logp, ref_logp, kind='k3'):
-    """Per-token estimate of KL(pi_theta || pi_ref) at tokens pi_theta sampled: logp, ref_logp [B, T] -> [B, T]."""
+    """Per-token estimate of KL(pi_theta || pi_ref) at tokens pi_theta sampled: logp,
+    ref_logp [B, T] -> [B, T]."""
     if kind not in KL_KINDS:
         raise ValueError(f'unknown kl_kind {kind!r}; expected one of {KL_KINDS}')
     drift = logp - ref_logp.detach()              # log pi_theta / pi_ref
@@ -167,73 +201,87 @@ def kl_penalty(logp, ref_logp, kind='k3'):
         return drift
     if kind == 'k2':
         return drift.square() / 2
-    return torch.expm1(-drift) + drift              # k3 = r - 1 - log r with r = pi_ref / pi_theta
+    # k3 = r - 1 - log r with r = pi_ref / pi_theta
+    return torch.expm1(-drift) + drift
 
 
 def policy_loss(logp, old_logp, advantages, mask, cfg):
-    """PPO's clipped surrogate on token ratios, or GSPO's on sequence ratios: logp, old_logp, mask [B, T]; advantages [B]."""
+    """PPO's clipped surrogate on token ratios, or GSPO's on sequence ratios: logp,
+    old_logp, mask [B, T]; advantages [B]."""
     if cfg.ratio_level == 'sequence':
-        return gspo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high)
+        return gspo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low,
+                                cfg.clip_high)
     if cfg.ratio_level != 'token':
-        raise ValueError(f'unknown ratio_level {cfg.ratio_level!r}; expected one of {RATIO_LEVELS}')
+        raise ValueError(f'unknown ratio_level {cfg.ratio_level!r}; '
+                         f'expected one of {RATIO_LEVELS}')
     norm_const = cfg.norm_const
-    if norm_const is None:                         # the most policy tokens these rows could hold
+    # the most policy tokens these rows could hold
+    if norm_const is None:
         norm_const = logp.shape[0] * cfg.max_turns * arl.MAX_CALL_TOKENS
-    return arl.ppo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high, cfg.loss_mode,
-                               norm_const=norm_const)
+    return arl.ppo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low,
+                               cfg.clip_high, cfg.loss_mode, norm_const=norm_const)
 
 
-def token_log_probs(model, ids, lengths, temperature, rows_per_pass=8, grad_rows=None):
-    """Log-prob of each next token at the sampling temperature, and the entropy: ids [B, T], lengths [B] -> [B, T-1] x 2.
+def token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None):
+    """Log-prob of each next token at the sampling temperature, and the entropy:
+    ids [B, T], lengths [B] -> [B, T-1] x 2.
 
-    Rows go through the model in passes of rows_per_pass similar lengths, each cut to its longest
-    row; both outputs are 0 past a row's own length. grad_rows [B] (bool, default all) marks the
-    rows whose log-probs need gradients; the others run without autograd."""
+    arl.packed_log_probs: the rows' tokens go through the model's layers packed end to
+    end, with attention per bucket of rows_per_pass similar lengths; both outputs are 0
+    past a row's own length. grad_rows [B] (bool, default all) marks the rows whose
+    log-probs need gradients; the others run in a pass of their own without autograd."""
     if grad_rows is None:
         grad_rows = torch.ones(len(ids), dtype=torch.bool)
     if grad_rows.shape != lengths.shape:
-        raise ValueError(f'grad_rows has shape {tuple(grad_rows.shape)}; expected [B] = {tuple(lengths.shape)}')
-    logp = torch.zeros(ids.shape[0], ids.shape[1] - 1, dtype=arl.DTYPE)
-    entropy = torch.zeros_like(logp)
+        raise ValueError(f'grad_rows has shape {tuple(grad_rows.shape)}; '
+                         f'expected [B] = {tuple(lengths.shape)}')
+    order, parts = [], []
     for needs_grad in (True, False):
         chosen = (grad_rows == needs_grad).nonzero()[:, 0]
-        if len(chosen) == 0:
-            continue
-        with torch.set_grad_enabled(needs_grad and torch.is_grad_enabled()):
-            for rows in chosen[lengths[chosen].argsort()].split(rows_per_pass):
-                T = int(lengths[rows].max())
-                inside = torch.arange(T - 1) < lengths[rows, None] - 1                 # [rows, T-1]
-                logits = model(ids[rows, :T])[:, :-1] / temperature                  # [rows, T-1, V]
-                logp[rows, :T - 1] = arl.selected_log_probs(logits, ids[rows, 1:T]) * inside
-                entropy[rows, :T - 1] = arl.entropy_from_logits(logits.detach()) * inside
-    return logp, entropy
+        if len(chosen):
+            with torch.set_grad_enabled(needs_grad and torch.is_grad_enabled()):
+                parts.append(arl.packed_log_probs(model, ids[chosen], lengths[chosen],
+                                                  temperature, rows_per_pass))
+            order.append(chosen)
+    back = torch.cat(order).argsort()                    # every row back in its place
+    return tuple(torch.cat(outputs)[back] for outputs in zip(*parts))
 
 
 def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generator=None):
-    """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> the steps' mean statistics."""
-    ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']    # [B, T], [B, T-1], [B]
-    old_logp = batch['sample_logp']                  # pi_old: recorded while sampling (Chapter 5)
+    """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> the steps'
+    mean statistics."""
+    # [B, T], [B, T-1], [B]
+    ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']
+    # pi_old: recorded while sampling (Chapter 5)
+    old_logp = batch['sample_logp']
     ref_logp = None
     if ref_model is not None and cfg.kl_coef:
         with torch.no_grad():
             ref_logp, _ = token_log_probs(ref_model, ids, lengths, cfg.temperature)
     logs = []
     for _ in range(cfg.epochs):
-        for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
-            learns = advantages[rows] != 0 if ref_logp is None else None   # None: the KL term has gradients everywhere
-            logp, entropy = token_log_probs(model, ids[rows], lengths[rows], cfg.temperature, grad_rows=learns)
-            loss, stats = policy_loss(logp, old_logp[rows], advantages[rows], mask[rows], cfg)
+        for rows in torch.randperm(len(ids),
+                                   generator=generator).chunk(cfg.minibatches):
+            # None: the KL term has gradients everywhere
+            learns = advantages[rows] != 0 if ref_logp is None else None
+            logp, entropy = token_log_probs(model, ids[rows], lengths[rows],
+                                            cfg.temperature, grad_rows=learns)
+            loss, stats = policy_loss(logp, old_logp[rows], advantages[rows],
+                                      mask[rows], cfg)
             if ref_logp is not None:
-                kl = arl.masked_mean(kl_penalty(logp, ref_logp[rows], cfg.kl_kind), mask[rows])
+                kl = arl.masked_mean(kl_penalty(logp, ref_logp[rows], cfg.kl_kind),
+                                     mask[rows])
                 loss = loss + cfg.kl_coef * kl
                 stats['kl_ref'] = kl.item()
             optimizer.zero_grad()
             if loss.requires_grad:
                 loss.backward()
-            else:                        # no row learns: a zero gradient, but Adam still moves on its momentum
+            else:
+                # no row learns: a zero gradient, but Adam still moves on its momentum
                 for p in model.parameters():
                     p.grad = torch.zeros_like(p)
-            stats['grad_norm'] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
+            stats['grad_norm'] = float(
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             optimizer.step()
             stats['entropy'] = arl.masked_mean(entropy, mask[rows]).item()
             logs.append(stats)
@@ -241,16 +289,20 @@ def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generato
 
 
 def sample_step(model, env_factory, tasks, tok, cfg, generator):
-    """Sample one step's groups -> (the episodes to learn from, every episode sampled)."""
+    """Sample one step's groups -> (the episodes to learn from, every episode
+    sampled)."""
     wanted = cfg.prompts_per_step * cfg.group_size
     rounds_left = cfg.max_sample_rounds if cfg.dynamic_sampling else 1
     kept, sampled = [], []
     while rounds_left and len(kept) < wanted:
-        picked = torch.randperm(len(tasks), generator=generator)[:cfg.prompts_per_step].tolist()
-        episodes = sample_groups(model, env_factory, [tasks[i] for i in picked], tok, cfg, generator)
+        picked = torch.randperm(len(tasks),
+                                generator=generator)[:cfg.prompts_per_step].tolist()
+        episodes = sample_groups(model, env_factory, [tasks[i] for i in picked], tok,
+                                 cfg, generator)
         sampled += episodes
         for group in _groups(episodes, cfg.group_size):
-            if not cfg.dynamic_sampling or len({t.reward for t in group}) > 1:    # equal rewards teach nothing
+            # equal rewards teach nothing
+            if not cfg.dynamic_sampling or len({t.reward for t in group}) > 1:
                 kept += group
         rounds_left -= 1
     return kept[:wanted], sampled
@@ -262,35 +314,43 @@ def _groups(trajs, group_size):
 
 
 def zero_advantage_fraction(trajs, group_size):
-    """Share of the consecutive groups of group_size episodes whose rewards are all equal."""
+    """Share of the consecutive groups of group_size episodes whose rewards are all
+    equal."""
     groups = _groups(trajs, group_size)
     return sum(len({t.reward for t in group}) == 1 for group in groups) / len(groups)
 
 
-EVAL_SAMPLES = 4          # episodes per held-out task at each evaluation inside train_rl
+# episodes per held-out task at each evaluation inside train_rl
+EVAL_SAMPLES = 4
 
 
-def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20, env_factory=None,
-             ref_model=None, callback=None):
-    """Train model in place with group-relative RL for `steps` steps -> history: one dict of statistics per step."""
+def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20,
+             env_factory=None, ref_model=None, callback=None):
+    """Train model in place with group-relative RL for `steps` steps -> history:
+    one dict of statistics per step."""
     if eval_every < 1:
         raise ValueError(f'eval_every must be at least 1, got {eval_every!r}')
     generator = torch.Generator().manual_seed(cfg.seed)
     env_factory = env_factory or functools.partial(make_env, cfg)
     if ref_model is None and cfg.kl_coef:
-        ref_model = copy.deepcopy(model).eval()        # pi_ref: the starting policy, frozen
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        # pi_ref: the starting policy, frozen
+        ref_model = copy.deepcopy(model).eval()
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
     history = []
     for step in range(steps):
         kept, sampled = sample_step(model, env_factory, tasks, tok, cfg, generator)
-        record = dict(step=step, n_episodes=len(sampled), zero_adv_frac=zero_advantage_fraction(sampled, cfg.group_size))
+        record = dict(step=step, n_episodes=len(sampled),
+                      zero_adv_frac=zero_advantage_fraction(sampled, cfg.group_size))
         record.update(behavior_stats(sampled))
         if kept:
-            record.update(_learn_from(kept, model, optimizer, tok, cfg, ref_model, generator))
+            record.update(_learn_from(kept, model, optimizer, tok, cfg, ref_model,
+                                      generator))
         last = step == steps - 1
         if eval_tasks is not None and (step % eval_every == 0 or last):
-            record['eval_pass'] = evaluate(model, eval_tasks, tok, EVAL_SAMPLES, cfg.temperature,
-                                           torch.Generator().manual_seed(step), cfg, env_factory)['pass_rate']
+            record['eval_pass'] = evaluate(model, eval_tasks, tok, EVAL_SAMPLES,
+                                           cfg.temperature,
+                                           torch.Generator().manual_seed(step), cfg,
+                                           env_factory)['pass_rate']
         history.append(record)
         if log_every and (step % log_every == 0 or last):
             print(format_log_line(record))
@@ -300,44 +360,55 @@ def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_e
 
 
 def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator):
-    """Collate episodes, compute their advantages and run rl_update -> the update's statistics."""
+    """Collate episodes, compute their advantages and run rl_update -> the update's
+    statistics."""
     batch = arl.collate(episodes, tok.pad_id)
-    batch['n_turns'] = torch.tensor([t.info['n_turns'] for t in episodes], dtype=arl.DTYPE)
-    return rl_update(model, optimizer, batch, compute_advantages(batch, cfg), cfg, ref_model, generator)
+    batch['n_turns'] = torch.tensor([t.info['n_turns'] for t in episodes],
+                                    dtype=arl.DTYPE)
+    return rl_update(model, optimizer, batch, compute_advantages(batch, cfg), cfg,
+                     ref_model, generator)
 
 
 def format_log_line(record):
     """One progress line for a history record."""
-    parts = [f"step {record['step']:3d}", f"reward {record['reward']:.3f}", f"reads {record['reads']:.2f}",
-             f"edits {record['edits']:.2f}", f"entropy {record.get('entropy', 0.0):.3f}"]
+    parts = [f"step {record['step']:3d}", f"reward {record['reward']:.3f}",
+             f"reads {record['reads']:.2f}", f"edits {record['edits']:.2f}",
+             f"entropy {record.get('entropy', 0.0):.3f}"]
     if 'eval_pass' in record:
         parts.append(f"held-out {record['eval_pass']:.3f}")
     return ' | '.join(parts)
 
 
-def evaluate(model, tasks, tok, n_samples=1, temperature=1.0, generator=None, cfg=None, env_factory=None):
-    """Sample n_samples episodes of every task in cfg's environment, without learning -> behavior_stats."""
-    settings = dataclasses.replace(cfg if cfg is not None else RLConfig(), group_size=n_samples,
-                                   temperature=temperature)
+def evaluate(model, tasks, tok, n_samples=1, temperature=1.0, generator=None, cfg=None,
+             env_factory=None):
+    """Sample n_samples episodes of every task in cfg's environment, without learning ->
+    behavior_stats."""
+    settings = dataclasses.replace(cfg if cfg is not None else RLConfig(),
+                                   group_size=n_samples, temperature=temperature)
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     env_factory = env_factory or functools.partial(make_env, settings)
-    return behavior_stats(sample_groups(model, env_factory, tasks, tok, settings, generator))
+    return behavior_stats(sample_groups(model, env_factory, tasks, tok, settings,
+                                        generator))
 
 
 FN_NAMES = sorted({task.fn_name for task in arl.make_tasks('all')})
 
 
 def randomize_names(task, rng):
-    """A copy of task under a function name that rng draws from FN_NAMES among those not already words of its source."""
+    """A copy of task under a function name that rng draws from FN_NAMES among those not
+    already words of its source."""
     words = set(arl.compact_source(task.source).split())
     name = rng.choice([candidate for candidate in FN_NAMES if candidate not in words])
-    rename = functools.partial(re.sub, rf'\b{task.fn_name}\b', name)       # whole words only
-    return dataclasses.replace(task, fn_name=name, issue=rename(task.issue), source=rename(task.source))
+    # whole words only
+    rename = functools.partial(re.sub, rf'\b{task.fn_name}\b', name)
+    return dataclasses.replace(task, fn_name=name, issue=rename(task.issue),
+                               source=rename(task.source))
 
 
 class EditBudgetEnv(arl.BugFixEnv):
-    """BugFixEnv that applies at most max_edits edits; a further edit uses a turn and changes nothing."""
+    """BugFixEnv that applies at most max_edits edits; a further edit uses a turn and
+    changes nothing."""
 
     def __init__(self, max_turns=6, reward='hidden', max_edits=1):
         super().__init__(max_turns, reward)
@@ -346,29 +417,35 @@ class EditBudgetEnv(arl.BugFixEnv):
         self.max_edits = max_edits
 
     def _observe(self, call):
-        """Refuse a well-formed edit once the budget is spent; otherwise behave as BugFixEnv."""
-        if call is not None and call[0] == 'edit' and call[1] in arl.EDIT_OPS and len(self.ops) >= self.max_edits:
+        """Refuse a well-formed edit once the budget is spent; otherwise behave as
+        BugFixEnv."""
+        if (call is not None and call[0] == 'edit' and call[1] in arl.EDIT_OPS
+                and len(self.ops) >= self.max_edits):
             return arl.MESSAGES['unchanged']
         return super()._observe(call)
 
 
-RL_BASE_KINDS = ('random', 'blind') * 4 + ('oracle',)     # one demonstration set in nine is informed
+# one demonstration set in nine is informed
+RL_BASE_KINDS = ('random', 'blind') * 4 + ('oracle',)
 
 
 def make_rl_base(tok, seed=0):
-    """The starting point of RL from this chapter on: make_base_agent with RL_BASE_KINDS."""
+    """The starting point of RL from this chapter on: make_base_agent with
+    RL_BASE_KINDS."""
     return arl.make_base_agent(tok, seed, kinds=RL_BASE_KINDS)
 
 
 def train_copy(model, tasks, tok, fields, steps):
-    """Train a copy of model with RLConfig(**fields) for `steps` steps -> (trained copy, history)."""
+    """Train a copy of model with RLConfig(**fields) for `steps` steps -> (trained copy,
+    history)."""
     model = copy.deepcopy(model)
     history = train_rl(model, tasks, tok, RLConfig(**fields), steps)
     return model, history
 
 
 def train_many(model, tasks, tok, configs, steps, processes=2):
-    """A train_rl run of `steps` steps from a copy of model per config, in worker processes -> [(model, history)]."""
+    """A train_rl run of `steps` steps from a copy of model per config, in worker
+    processes -> [(model, history)]."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
     jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps) for cfg in configs]
@@ -376,12 +453,14 @@ def train_many(model, tasks, tok, configs, steps, processes=2):
         return [train_copy(*job) for job in jobs]
     for cfg in configs:
         if callable(cfg.reward) and '<' in cfg.reward.__qualname__:
-            raise ValueError(f'reward {cfg.reward.__qualname__} cannot reach a worker process; '
-                             f'use a module-level function, or processes=1')
-    context = multiprocessing.get_context('spawn')       # a fresh interpreter: no state copied by fork
+            raise ValueError(f'reward {cfg.reward.__qualname__} cannot reach a worker '
+                             f'process; use a module-level function, or processes=1')
+    # a fresh interpreter: no state copied by fork
+    context = multiprocessing.get_context('spawn')
     with context.Pool(min(processes, len(jobs)), initializer=torch.set_num_threads,
                       initargs=(torch.get_num_threads(),)) as pool:
-        return pool.starmap(arl.train_copy, jobs, chunksize=1)   # the package's function, not a notebook's
+        # the package's function, not a notebook's
+        return pool.starmap(arl.train_copy, jobs, chunksize=1)
 
 
 def smooth(values, window=5):
@@ -396,15 +475,18 @@ def smooth(values, window=5):
 
 
 def plot_histories(histories, keys=('reward', 'reads'), window=5, axes=None):
-    """Plot {label: history} as learning curves, one panel per key -> the matplotlib axes."""
+    """Plot {label: history} as learning curves, one panel per key -> the matplotlib
+    axes."""
     import matplotlib.pyplot as plt
     if axes is None:
-        _, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), squeeze=False)
+        _, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2),
+                               squeeze=False)
         axes = axes[0]
     for ax, key in zip(axes, keys):
         for label, history in histories.items():
             steps = [h['step'] for h in history if key in h]
-            ax.plot(steps, smooth([h[key] for h in history if key in h], window), label=label)
+            ax.plot(steps, smooth([h[key] for h in history if key in h], window),
+                    label=label)
         ax.set_xlabel('step')
         ax.set_ylabel(key)
     axes[0].legend(fontsize=8)
@@ -412,21 +494,27 @@ def plot_histories(histories, keys=('reward', 'reads'), window=5, axes=None):
 
 
 def gspo_policy_loss(logp, old_logp, advantages, mask, clip_low=3e-4, clip_high=4e-4):
-    """Chapter 8's clipped surrogate on one ratio per sequence, s_i: logp, old_logp, mask [B, T]; advantages [B]."""
-    if not logp.shape == old_logp.shape == mask.shape or advantages.shape != logp.shape[:1]:
-        raise ValueError(f'need logp, old_logp, mask [B, T] and advantages [B]; got {tuple(logp.shape)}, '
-                         f'{tuple(old_logp.shape)}, {tuple(mask.shape)}, {tuple(advantages.shape)}')
-    seq_logp = arl.masked_mean(logp, mask, dim=-1)[:, None]       # [B, 1]; log s_i is the difference of these
+    """Chapter 8's clipped surrogate on one ratio per sequence, s_i: logp, old_logp,
+    mask [B, T]; advantages [B]."""
+    if (not logp.shape == old_logp.shape == mask.shape
+            or advantages.shape != logp.shape[:1]):
+        raise ValueError(f'need logp, old_logp, mask [B, T] and advantages [B]; '
+                         f'got {tuple(logp.shape)}, {tuple(old_logp.shape)}, '
+                         f'{tuple(mask.shape)}, {tuple(advantages.shape)}')
+    # [B, 1]; log s_i is the difference of these
+    seq_logp = arl.masked_mean(logp, mask, dim=-1)[:, None]
     seq_old_logp = arl.masked_mean(old_logp, mask, dim=-1)[:, None]
-    return arl.ppo_policy_loss(seq_logp, seq_old_logp, advantages, torch.ones_like(seq_logp), clip_low, clip_high,
-                               loss_mode='token_mean')             # one 'token' per sequence: a mean over sequences
+    # one 'token' per sequence: a mean over sequences
+    return arl.ppo_policy_loss(seq_logp, seq_old_logp, advantages,
+                               torch.ones_like(seq_logp), clip_low, clip_high,
+                               loss_mode='token_mean')
 
 
 VARIANTS = {
     'grpo': dict(adv_mode='grpo', loss_mode='seq_mean_token_mean', kl_coef=0.04),
     'dr_grpo': dict(adv_mode='mean', loss_mode='constant'),
-    'dapo': dict(adv_mode='grpo', loss_mode='token_mean', clip_high=0.28, dynamic_sampling=True,
-                 overlong_buffer=2),
+    'dapo': dict(adv_mode='grpo', loss_mode='token_mean', clip_high=0.28,
+                 dynamic_sampling=True, overlong_buffer=2),
     'rloo': dict(adv_mode='rloo', loss_mode='seq_mean_token_sum', minibatches=1),
     'gspo': dict(ratio_level='sequence', clip_low=3e-4, clip_high=4e-4),
 }

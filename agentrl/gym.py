@@ -24,6 +24,8 @@ __all__ = [
     'PLAYERS',
     'RANDOM_CALLS',
     'scripted_calls',
+    'ADAPTIVE_OPS',
+    'adaptive_player',
     'play',
     'read_before_first_edit',
     'play_stats',
@@ -39,40 +41,56 @@ from dataclasses import dataclass
 FAMILIES = {
     'clamp': dict(
         fix_op='swap_minmax',
-        template='def {f}({a}, {b}, {c}):\n    return min({b}, max({a}, {c}))\n',
+        template=('def {f}({a}, {b}, {c}):\n'
+                  '    return min({b}, max({a}, {c}))\n'),
         variants=[dict(f='clamp', params=('value', 'lower', 'upper')),
                   dict(f='pin', params=('x', 'lo', 'hi')),
                   dict(f='bound', params=('n', 'low', 'high')),
                   dict(f='limit', params=('v', 'floor', 'ceiling')),
                   dict(f='restrict', params=('value', 'lo', 'hi')),
                   dict(f='confine', params=('x', 'low', 'high'))],
-        args=lambda rng: (rng.randint(-9, 9), rng.randint(-6, -1), rng.randint(1, 6)),
+        args=lambda rng: (rng.randint(-9, 9), rng.randint(-6, -1),
+                          rng.randint(1, 6)),
     ),
     'loop_range': dict(
         fix_op='fix_range_end',
-        template='def {f}(n):\n    total = 0\n    for i in range(1, n):\n        total = total + {body}\n    return total\n',
+        template=('def {f}(n):\n'
+                  '    total = 0\n'
+                  '    for i in range(1, n):\n'
+                  '        total = total + {body}\n'
+                  '    return total\n'),
         variants=[dict(f='sum_to', body='i'),
                   dict(f='sum_squares', body='i * i'),
                   dict(f='sum_doubles', body='2 * i'),
                   dict(f='count_up', body='2'),
-                  dict(f='triangle', body='i'),
+                  dict(f='triangle', body='i - 1'),
                   dict(f='series', body='i * 3')],
         args=lambda rng: (rng.randint(1, 9),),
     ),
     'threshold': dict(
         fix_op='fix_comparison',
-        template='def {f}(xs, cutoff):\n    count = 0\n    for i in range(0, len(xs)):\n        if xs[i] {cmp} cutoff:\n            count = count + {body}\n    return count\n',
+        template=('def {f}(xs, cutoff):\n'
+                  '    count = 0\n'
+                  '    for i in range(0, len(xs)):\n'
+                  '        if xs[i] {cmp} cutoff:\n'
+                  '            count = count + {body}\n'
+                  '    return count\n'),
         variants=[dict(f='count_above', cmp='>=', body='1'),
                   dict(f='count_below', cmp='<=', body='1'),
                   dict(f='sum_above', cmp='>=', body='xs[i]'),
                   dict(f='sum_below', cmp='<=', body='xs[i]'),
                   dict(f='weigh_above', cmp='>=', body='2'),
                   dict(f='weigh_below', cmp='<=', body='2')],
-        args=lambda rng: (tuple(rng.randint(0, 6) for _ in range(rng.randint(2, 5))), rng.randint(1, 5)),
+        args=lambda rng: (tuple(rng.randint(0, 6) for _ in range(rng.randint(2, 5))),
+                          rng.randint(1, 5)),
     ),
     'accumulator': dict(
         fix_op='fix_init',
-        template='def {f}(xs):\n    result = 0\n    for i in range(0, len(xs)):\n        result = result * {body}\n    return result\n',
+        template=('def {f}(xs):\n'
+                  '    result = 0\n'
+                  '    for i in range(0, len(xs)):\n'
+                  '        result = result * {body}\n'
+                  '    return result\n'),
         variants=[dict(f='product', body='xs[i]'),
                   dict(f='multiply_all', body='xs[i]'),
                   dict(f='prod_squares', body='xs[i] * xs[i]'),
@@ -83,7 +101,9 @@ FAMILIES = {
     ),
     'indexing': dict(
         fix_op='fix_index',
-        template='def {f}(xs):\n    item = xs[len(xs)]\n    return {body}\n',
+        template=('def {f}(xs):\n'
+                  '    item = xs[len(xs)]\n'
+                  '    return {body}\n'),
         variants=[dict(f='last', body='item'),
                   dict(f='last_item', body='item'),
                   dict(f='final', body='item'),
@@ -103,7 +123,7 @@ def _swap_minmax(source, public_tests):
 
 
 def _fix_range_end(source, public_tests):
-    """Extend every two-argument loop range by one at its end: range(a, b) -> range(a, b + 1)."""
+    """Extend every two-argument loop range by one: range(a, b) -> range(a, b + 1)."""
     return re.sub(r'range\((\w+), (.+)\):', r'range(\1, \2 + 1):', source)
 
 
@@ -113,7 +133,7 @@ def _fix_comparison(source, public_tests):
 
 
 def _fix_init(source, public_tests):
-    """Start every accumulator that begins at 0 at 1 instead (right for products, wrong for sums)."""
+    """Start every accumulator at 1, not 0 (right for products, wrong for sums)."""
     return re.sub(r'\b(\w+) = 0\b', r'\1 = 1', source)
 
 
@@ -123,13 +143,14 @@ def _fix_index(source, public_tests):
 
 
 EDIT_OPS = {'swap_minmax': _swap_minmax, 'fix_range_end': _fix_range_end,
-            'fix_comparison': _fix_comparison, 'fix_init': _fix_init, 'fix_index': _fix_index}
+            'fix_comparison': _fix_comparison, 'fix_init': _fix_init,
+            'fix_index': _fix_index}
 FIX_OPS = tuple(spec['fix_op'] for spec in FAMILIES.values())
-FIX_OP = {f"{family}/{variant['f']}": spec['fix_op'] for family, spec in FAMILIES.items()
-          for variant in spec['variants']}                       # task name -> its repair op
+FIX_OP = {f"{family}/{variant['f']}": spec['fix_op']        # task name -> its repair op
+          for family, spec in FAMILIES.items() for variant in spec['variants']}
 
 
-MAX_TRACE_EVENTS = 20_000          # line/call events one test may use before it is stopped
+MAX_TRACE_EVENTS = 20_000    # line/call events one test may use before it is stopped
 SAFE_BUILTINS = {'min': min, 'max': max, 'range': range, 'len': len, 'abs': abs}
 
 
@@ -160,7 +181,10 @@ _TEST_CACHE = {}
 
 
 def run_tests(source, tests, fn_name):
-    """Run tests [(args, expected)] on fn_name in source -> [(ok, 'pass'|'fail'|'error'|'timeout')]."""
+    """Run tests [(args, expected)] on fn_name in source -> [(ok, message)].
+
+    message is 'pass', 'fail', 'error' or 'timeout'.
+    """
     key = (source, tests, fn_name)
     if key not in _TEST_CACHE:
         _TEST_CACHE[key] = _run_tests_uncached(source, tests, fn_name)
@@ -189,7 +213,7 @@ def _run_tests_uncached(source, tests, fn_name):
 @dataclass(frozen=True)
 class Task:
     """One bug to fix: the issue the agent sees, the buggy source, and its tests."""
-    name: str            # 'family/function', fixed for logging even when the function is renamed
+    name: str            # 'family/function', kept for logging when fn_name is renamed
     split: str           # 'train' or 'heldout'
     fn_name: str
     issue: str
@@ -204,7 +228,7 @@ N_PUBLIC, N_HIDDEN = 3, 6
 
 
 def _make_tests(buggy, fixed, fn_name, make_args, n, rng):
-    """n (args, expected) pairs from the fixed source, at least one of which the buggy source fails."""
+    """n (args, expected) pairs from the fixed source; the buggy one fails some."""
     while True:
         cases = [make_args(rng) for _ in range(n)]
         tests = tuple((args, _expected(fixed, fn_name, args)) for args in cases)
@@ -224,18 +248,22 @@ def _build_task(family, index):
     source = spec['template'].format(**fields)
     fixed = EDIT_OPS[spec['fix_op']](source, ())
     rng = random.Random(f"{family}/{variant['f']}")
-    return Task(name=f"{family}/{variant['f']}", split='train' if index < N_TRAIN_PER_FAMILY else 'heldout',
-                fn_name=variant['f'], issue=f"issue : {variant['f']} returns wrong results", source=source,
-                fix_op=spec['fix_op'],
-                public_tests=_make_tests(source, fixed, variant['f'], spec['args'], N_PUBLIC, rng),
-                hidden_tests=_make_tests(source, fixed, variant['f'], spec['args'], N_HIDDEN, rng))
+    name, args = variant['f'], spec['args']
+    return Task(name=f"{family}/{name}",
+                split='train' if index < N_TRAIN_PER_FAMILY else 'heldout',
+                fn_name=name, issue=f"issue : {name} returns wrong results",
+                source=source, fix_op=spec['fix_op'],
+                public_tests=_make_tests(source, fixed, name, args, N_PUBLIC, rng),
+                hidden_tests=_make_tests(source, fixed, name, args, N_HIDDEN, rng))
 
 
 def make_tasks(split='all'):
     """The gym's tasks in family order: 'train' (20), 'heldout' (10) or 'all' (30)."""
     if split not in ('train', 'heldout', 'all'):
-        raise ValueError(f"unknown split {split!r}; expected 'train', 'heldout' or 'all'")
-    tasks = [_build_task(family, i) for family in FAMILIES for i in range(len(FAMILIES[family]['variants']))]
+        raise ValueError(f"unknown split {split!r}; "
+                         "expected 'train', 'heldout' or 'all'")
+    tasks = [_build_task(family, i) for family, spec in FAMILIES.items()
+             for i in range(len(spec['variants']))]
     return [t for t in tasks if split in ('all', t.split)]
 
 
@@ -249,12 +277,12 @@ def compact_source(source):
 
 
 TOOLS = ('read', 'test', 'edit', 'submit')
-MESSAGES = {'changed': 'code changed', 'unchanged': 'no change', 'unknown_op': 'unknown op',
-            'invalid': 'invalid call'}
+MESSAGES = {'changed': 'code changed', 'unchanged': 'no change',
+            'unknown_op': 'unknown op', 'invalid': 'invalid call'}
 
 
 def parse_call(text):
-    """'edit fix_init' -> ('edit', 'fix_init'); 'read' -> ('read',); anything malformed -> None."""
+    """'edit fix_init' -> ('edit', 'fix_init'); 'read' -> ('read',); else None."""
     words = text.split()
     if words in (['read'], ['test'], ['submit']):
         return (words[0],)
@@ -267,11 +295,12 @@ REWARDS = ('hidden', 'public')
 
 
 class BugFixEnv:
-    """Multi-turn bug fixing: read, test, edit <op>, submit; reward from the tests at submit."""
+    """Multi-turn bug fixing: read, test, edit <op>, submit; tests decide the reward."""
 
     def __init__(self, max_turns=6, reward='hidden'):
         if not (reward in REWARDS or callable(reward)):
-            raise ValueError(f'unknown reward {reward!r}; expected one of {REWARDS} or a callable(info)')
+            raise ValueError(f'unknown reward {reward!r}; '
+                             f'expected one of {REWARDS} or a callable(info)')
         if max_turns < 1:
             raise ValueError(f'max_turns must be at least 1, got {max_turns}')
         self.max_turns, self.reward = max_turns, reward
@@ -284,10 +313,10 @@ class BugFixEnv:
         return task.issue
 
     def step(self, text):
-        """Apply one call -> (observation, reward, done, info); reward is 0 until the episode ends."""
+        """Apply one call -> (observation, reward, done, info); reward 0 until done."""
         if self.task is None or self.done:
-            raise RuntimeError('call reset(task) before step(); the episode has ended' if self.done
-                               else 'call reset(task) before step()')
+            raise RuntimeError('call reset(task) before step(); the episode has ended'
+                               if self.done else 'call reset(task) before step()')
         call = parse_call(text)
         self.turn += 1
         self.actions.append(' '.join(call) if call else 'invalid')
@@ -304,8 +333,8 @@ class BugFixEnv:
         if call[0] == 'read':
             return compact_source(self.source)
         if call[0] == 'test':
-            return ' '.join(message for _, message in run_tests(self.source, self.task.public_tests,
-                                                                self.task.fn_name))
+            results = run_tests(self.source, self.task.public_tests, self.task.fn_name)
+            return ' '.join(message for _, message in results)
         if call[1] not in EDIT_OPS:
             return MESSAGES['unknown_op']
         self.ops.append(call[1])
@@ -321,35 +350,38 @@ class BugFixEnv:
     def final_info(self, submitted):
         """Everything about the finished episode that rewards and statistics need."""
         task = self.task
-        return dict(task=task.name, submitted=submitted, n_turns=self.turn, ops=list(self.ops),
-                    actions=list(self.actions), source=self.source,
-                    hidden_pass=all(ok for ok, _ in run_tests(self.source, task.hidden_tests, task.fn_name)),
-                    public_pass=all(ok for ok, _ in run_tests(self.source, task.public_tests, task.fn_name)))
+        hidden = run_tests(self.source, task.hidden_tests, task.fn_name)
+        public = run_tests(self.source, task.public_tests, task.fn_name)
+        return dict(task=task.name, submitted=submitted, n_turns=self.turn,
+                    ops=list(self.ops), actions=list(self.actions), source=self.source,
+                    hidden_pass=all(ok for ok, _ in hidden),
+                    public_pass=all(ok for ok, _ in public))
 
     def reward_fn(self, info):
-        """1.0 when the submitted code passes the chosen tests (or the callable's value)."""
+        """1.0 when the submitted code passes the chosen tests (or the callable's)."""
         if callable(self.reward):
             return float(self.reward(info))
         return float(info['submitted'] and info[f'{self.reward}_pass'])
 
 
 def blind_pass_rate(ops, tasks):
-    """Hidden-test pass rate of applying ops in order to every task, unread, then submitting."""
+    """Hidden-test pass rate of applying ops, in order and unread, to every task."""
     passed = 0
     for task in tasks:
         source = task.source
         for op in ops:
             source = EDIT_OPS[op](source, task.public_tests)
-        passed += all(ok for ok, _ in run_tests(source, task.hidden_tests, task.fn_name))
+        results = run_tests(source, task.hidden_tests, task.fn_name)
+        passed += all(ok for ok, _ in results)
     return passed / len(tasks)
 
 
 PLAYERS = ('random', 'blind', 'oracle')
-RANDOM_CALLS = ('edit',) * 5 + ('read', 'test')   # the random player's call mix: mostly edits
+RANDOM_CALLS = ('edit',) * 5 + ('read', 'test')    # the random player's mix
 
 
 def scripted_calls(task, kind, rng, max_turns=6):
-    """The calls a scripted player makes on task: 'random', 'blind' or 'oracle' -> [str]."""
+    """The calls of a scripted player on task: 'random', 'blind', 'oracle' -> [str]."""
     if kind == 'oracle':
         return ['read', f'edit {task.fix_op}', 'test', 'submit']
     if kind == 'blind':
@@ -362,23 +394,47 @@ def scripted_calls(task, kind, rng, max_turns=6):
             if calls[-1] == 'edit':
                 calls[-1] += ' ' + rng.choice(FIX_OPS)
         return calls + ['submit']
+    if kind == 'adaptive':
+        raise ValueError("the 'adaptive' player chooses each call from the gym's "
+                         "answers; pass adaptive_player to play(), not a list of calls")
     raise ValueError(f'unknown player {kind!r}; expected one of {PLAYERS}')
 
 
+ADAPTIVE_OPS = ('swap_minmax', 'fix_index', 'fix_comparison', 'fix_init')
+
+
+def adaptive_player(transcript):
+    """The closed-loop no-look player: [(call, observation), ...] so far -> next call.
+
+    Applies ADAPTIVE_OPS in order and submits after the first edit that changed the
+    code (or after the last op); never reads or tests.
+    """
+    if transcript and transcript[-1][1] == MESSAGES['changed']:
+        return 'submit'
+    tried = sum(call.startswith('edit ') for call, _ in transcript)
+    return f'edit {ADAPTIVE_OPS[tried]}' if tried < len(ADAPTIVE_OPS) else 'submit'
+
+
 def play(env, task, calls):
-    """Run calls in env on task until done -> (list of (call, observation), reward, info)."""
-    transcript, reward, info = [], 0.0, {}
+    """Play calls in env on task until done -> ([(call, observation)], reward, info).
+
+    calls: a list of calls, or a player, a function transcript -> next call
+    (adaptive_player).
+    """
+    transcript, reward, info, done = [], 0.0, {}, False
     env.reset(task)
-    for call in calls:
+    fixed = None if callable(calls) else iter(calls)
+    while not done:
+        call = calls(transcript) if fixed is None else next(fixed, None)
+        if call is None:               # the list of calls ended before the episode did
+            break
         observation, reward, done, info = env.step(call)
         transcript.append((call, observation))
-        if done:
-            break
     return transcript, reward, info
 
 
 def read_before_first_edit(info):
-    """True if the episode read the code before its first applied edit (episodes without an edit: False)."""
+    """True if the episode read the code before its first applied edit (none: False)."""
     actions = info['actions']
     first_edit = next((i for i, a in enumerate(actions)
                        if a.startswith('edit ') and a.split()[1] in EDIT_OPS), None)
@@ -386,21 +442,24 @@ def read_before_first_edit(info):
 
 
 def play_stats(infos):
-    """Per-episode averages over final infos: pass_rate, reads, tests, edits, turns, read_first, ...
+    """Per-episode averages over final infos: pass_rate, reads, tests, edits, turns, ...
 
-    read_first: share of episodes that read before their first edit; read_first_right: share of
-    those whose first edit is the task's fix op (nan when there are none); n_read_first: their count.
+    read_first: share of episodes that read before their first edit; read_first_right:
+    share of those whose first edit is the task's fix op (nan when there are none);
+    n_read_first: their count.
     """
     if not infos:
         raise ValueError('play_stats needs at least one episode info')
     n = len(infos)
     readers = [info for info in infos if read_before_first_edit(info)]
     right = sum(info['ops'][0] == FIX_OP[info['task']] for info in readers)
-    return dict(pass_rate=sum(bool(i['submitted'] and i['hidden_pass']) for i in infos) / n,
+    passed = sum(bool(i['submitted'] and i['hidden_pass']) for i in infos)
+    first_right = sum(i['ops'][:1] == [FIX_OP[i['task']]] for i in infos)
+    return dict(pass_rate=passed / n,
                 reads=sum(i['actions'].count('read') for i in infos) / n,
                 tests=sum(i['actions'].count('test') for i in infos) / n,
                 edits=sum(len(i['ops']) for i in infos) / n,
                 turns=sum(i['n_turns'] for i in infos) / n,
-                first_edit_right=sum(i['ops'][:1] == [FIX_OP[i['task']]] for i in infos) / n,
+                first_edit_right=first_right / n,
                 read_first=len(readers) / n, n_read_first=len(readers),
                 read_first_right=right / len(readers) if readers else float('nan'))

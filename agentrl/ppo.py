@@ -6,6 +6,8 @@ __all__ = [
     'PPOConfig',
     'ppo_update',
     'train_ppo',
+    'TRAIN_ARM_METHODS',
+    'train_arms',
     'saved_tensor_bytes',
     'training_state_bytes',
 ]
@@ -15,25 +17,30 @@ import torch
 import agentrl as arl
 
 
-def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=0.2, loss_mode='token_mean',
-                    norm_const=None):
-    """PPO clipped surrogate: logp, old_logp, mask [B, T]; advantages [B] or [B, T] -> (loss, stats)."""
+def ppo_policy_loss(logp, old_logp, advantages, mask, clip_low=0.2, clip_high=0.2,
+                    loss_mode='token_mean', norm_const=None):
+    """PPO clipped surrogate: logp, old_logp, mask [B, T]; advantages [B] or [B, T]
+    -> (loss, stats)."""
     if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.dim() != 2:
-        raise ValueError(f'logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and mask '
-                         f'{tuple(mask.shape)} must share one shape [B, T]')
+        raise ValueError(f'logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} '
+                         f'and mask {tuple(mask.shape)} must share one shape [B, T]')
     if advantages.shape not in (logp.shape, logp.shape[:1]):
-        raise ValueError(f'advantages has shape {tuple(advantages.shape)}; expected [B] = '
-                         f'{tuple(logp.shape[:1])} or [B, T] = {tuple(logp.shape)}')
+        raise ValueError(f'advantages has shape {tuple(advantages.shape)}; '
+                         f'expected [B] = {tuple(logp.shape[:1])} '
+                         f'or [B, T] = {tuple(logp.shape)}')
     if not (0.0 <= clip_low < 1.0 and clip_high >= 0.0):
-        raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low!r}, {clip_high!r}')
+        raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, '
+                         f'got {clip_low!r}, {clip_high!r}')
     adv = advantages.detach().to(logp.dtype)
     adv = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
     log_ratio = logp - old_logp.detach()
     ratio = log_ratio.exp()
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    loss = -arl.aggregate_loss(torch.minimum(unclipped, clipped), mask, loss_mode, norm_const)
-    return loss, _ppo_stats(ratio.detach(), log_ratio.detach(), adv, clipped < unclipped, mask)
+    loss = -arl.aggregate_loss(torch.minimum(unclipped, clipped), mask, loss_mode,
+                               norm_const)
+    return loss, _ppo_stats(ratio.detach(), log_ratio.detach(), adv,
+                            clipped < unclipped, mask)
 
 
 def _ppo_stats(ratio, log_ratio, adv, binds, mask):
@@ -52,7 +59,8 @@ from dataclasses import dataclass
 
 @dataclass
 class PPOConfig:
-    """Settings of train_ppo: sampling, GAE, the clipped update and the critic's optimizer."""
+    """Settings of train_ppo: sampling, GAE, the clipped update and the critic's
+    optimizer."""
     tasks_per_step: int = 8
     samples_per_task: int = 4      # attempts per task; consecutive in the batch
     temperature: float = 1.0
@@ -71,40 +79,51 @@ class PPOConfig:
 
 
 def _whiten(adv, mask):
-    """Zero-mean, unit-variance advantages over masked tokens: [B, T] -> [B, T] (0 off the mask)."""
+    """Zero-mean, unit-variance advantages over masked tokens: [B, T] -> [B, T]
+    (0 off the mask)."""
     mean = arl.masked_mean(adv, mask)
     std = arl.masked_mean((adv - mean) ** 2, mask).sqrt()
     return torch.where(mask.bool(), (adv - mean) / (std + 1e-8), 0.0)
 
 
-def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=None, monitor=None):
-    """One PPO iteration (cfg.epochs x cfg.minibatches steps) on a collated batch -> dict of mean stats."""
-    ids, mask = batch['ids'], batch['action_mask']                       # [B, T], [B, T-1]
+def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=None,
+               monitor=None):
+    """One PPO iteration (cfg.epochs x cfg.minibatches steps) on a collated batch
+    -> dict of mean stats."""
+    # [B, T], [B, T-1], [B]
+    ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']
     with torch.no_grad():
-        old_logp = arl.selected_log_probs(policy(ids)[:, :-1] / cfg.temperature, ids[:, 1:])
+        # rows packed, no padding
+        old_logp, _ = arl.packed_log_probs(policy, ids, lengths, cfg.temperature)
         if critic is None:
-            adv = arl.group_advantages(batch['rewards'], cfg.samples_per_task)   # [B], one per episode
+            # [B], one per episode
+            adv = arl.group_advantages(batch['rewards'], cfg.samples_per_task)
             returns, values = None, None
         else:
             values = critic(ids)[:, :-1]
-            adv, returns = arl.gae_advantages(batch['rewards'], values, mask, cfg.gamma, cfg.lam)
+            adv, returns = arl.gae_advantages(batch['rewards'], values, mask, cfg.gamma,
+                                              cfg.lam)
             adv = _whiten(adv, mask)
     logs = []
     for _ in range(cfg.epochs):
-        for rows in torch.randperm(len(ids), generator=generator).chunk(cfg.minibatches):
-            logits = policy(ids[rows])[:, :-1] / cfg.temperature
-            logp = arl.selected_log_probs(logits, ids[rows, 1:])
-            loss, stats = ppo_policy_loss(logp, old_logp[rows], adv[rows], mask[rows], cfg.clip_low,
-                                          cfg.clip_high, cfg.loss_mode)
-            if monitor is not None:  # diagnostics hook: sees every minibatch's detached tensors
-                monitor(logp=logp.detach(), old_logp=old_logp[rows], advantages=adv[rows], mask=mask[rows])
+        for rows in torch.randperm(len(ids), generator=generator).chunk(
+                cfg.minibatches):
+            logp, entropy = arl.packed_log_probs(policy, ids[rows], lengths[rows],
+                                                 cfg.temperature)
+            loss, stats = ppo_policy_loss(logp, old_logp[rows], adv[rows], mask[rows],
+                                          cfg.clip_low, cfg.clip_high, cfg.loss_mode)
+            # diagnostics hook: sees every minibatch's detached tensors
+            if monitor is not None:
+                monitor(logp=logp.detach(), old_logp=old_logp[rows],
+                        advantages=adv[rows], mask=mask[rows])
             policy_opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
             policy_opt.step()
-            stats['entropy'] = arl.masked_mean(arl.entropy_from_logits(logits.detach()), mask[rows]).item()
+            stats['entropy'] = arl.masked_mean(entropy, mask[rows]).item()
             if critic is not None:
-                v_loss = arl.value_loss(critic(ids[rows])[:, :-1], returns[rows], mask[rows])
+                v_loss = arl.value_loss(critic(ids[rows])[:, :-1], returns[rows],
+                                        mask[rows])
                 critic_opt.zero_grad()
                 v_loss.backward()
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.max_grad_norm)
@@ -118,29 +137,68 @@ def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=Non
 
 
 def train_ppo(policy, tasks, tok, cfg, steps, critic=None, log_every=0, monitor=None):
-    """PPO on tasks, training policy (and critic, if given) in place -> history, one dict per step."""
+    """PPO on tasks, training policy (and critic, if given) in place -> history,
+    one dict per step."""
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     policy_opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr)
-    critic_opt = None if critic is None else torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr)
+    critic_opt = (None if critic is None
+                  else torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr))
     history = []
     for step in range(steps):
         order = torch.randperm(len(tasks), generator=gen)[:cfg.tasks_per_step].tolist()
-        trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok, cfg.samples_per_task, gen,
-                                    max_turns=cfg.max_turns, temperature=cfg.temperature)
+        trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok,
+                                    cfg.samples_per_task, gen, max_turns=cfg.max_turns,
+                                    temperature=cfg.temperature)
         record = dict(step=step, **arl.episode_stats(trajs))
         batch = arl.collate(trajs, tok.pad_id)
-        record.update(ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, gen, monitor))
+        record.update(ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg,
+                                 gen, monitor))
         history.append(record)
         if log_every and (step % log_every == 0 or step == steps - 1):
-            ev = f" | expl. var {record['explained_variance']:+.3f}" if critic is not None else ''
-            print(f"step {step:3d} | pass {record['pass_rate']:.3f} | reads {record['reads']:.2f} | "
-                  f"clip_frac {record['clip_frac']:.4f} | approx_kl {record['approx_kl']:.4f}{ev}")
+            ev = (f" | expl. var {record['explained_variance']:+.3f}"
+                  if critic is not None else '')
+            print(f"step {step:3d} | pass {record['pass_rate']:.3f} | "
+                  f"reads {record['reads']:.2f} | "
+                  f"clip_frac {record['clip_frac']:.4f} | "
+                  f"approx_kl {record['approx_kl']:.4f}{ev}")
     return history
 
 
+import copy
+import multiprocessing
+
+TRAIN_ARM_METHODS = ('ppo', 'reinforce')
+
+
+def _train_arm(model, tasks, tok, method, settings, steps):
+    """One run from a copy of model, ('ppo', PPOConfig) or ('reinforce', kwargs)."""
+    model = copy.deepcopy(model)
+    if method == 'ppo':
+        return model, train_ppo(model, tasks, tok, settings, steps)
+    return model, arl.train_reinforce(model, tasks, tok, steps, **settings)
+
+
+def train_arms(model, tasks, tok, arms, steps, processes=2):
+    """A copy of model trained per (method, settings) arm -> [(model, history)]."""
+    for method, _ in arms:
+        if method not in TRAIN_ARM_METHODS:
+            raise ValueError(f'unknown method {method!r}; '
+                             f'expected one of {TRAIN_ARM_METHODS}')
+    if processes < 1:
+        raise ValueError(f'processes must be at least 1, got {processes!r}')
+    jobs = [(model, tasks, tok, method, settings, steps) for method, settings in arms]
+    if processes == 1 or len(jobs) == 1:
+        return [_train_arm(*job) for job in jobs]
+    context = multiprocessing.get_context('spawn')   # fresh interpreters, no fork
+    with context.Pool(min(processes, len(jobs)), initializer=torch.set_num_threads,
+                      initargs=(torch.get_num_threads(),)) as pool:
+        return pool.starmap(_train_arm, jobs, chunksize=1)
+
+
 def saved_tensor_bytes(fn, exclude=()):
-    """Run fn() -> (its result, bytes of the distinct tensors autograd saved, ignoring exclude's parameters)."""
+    """Run fn() -> (its result, bytes of the distinct tensors autograd saved,
+    ignoring exclude's parameters)."""
     skip = {p.untyped_storage().data_ptr() for m in exclude for p in m.parameters()}
     seen = {}
 
@@ -156,8 +214,10 @@ def saved_tensor_bytes(fn, exclude=()):
 
 
 def training_state_bytes(module, optimizer):
-    """Bytes of module's parameters, their gradients (one per parameter) and optimizer's state tensors."""
+    """Bytes of module's parameters, their gradients (one per parameter) and
+    optimizer's state tensors."""
     params = sum(p.numel() * p.element_size() for p in module.parameters())
-    state = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+    state = sum(t.numel() * t.element_size()
+                for s in optimizer.state.values() for t in s.values()
                 if torch.is_tensor(t) and t.dim() > 0)
     return dict(parameters=params, gradients=params, optimizer=state)

@@ -17,8 +17,10 @@ This module is hand-written (not tangled from a chapter).
 """
 import argparse
 import dataclasses
+import functools
 import inspect
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -47,9 +49,12 @@ def _parse_int(text):
 
 def _parse_float(text):
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f'invalid number {text!r}') from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f'invalid number {text!r}; expected a finite number')
+    return value
 
 
 def _or_none(parse, what):
@@ -128,11 +133,53 @@ def build_parser():
     return parser
 
 
+MAX_SEED = 2 ** 64 - 1          # torch.manual_seed accepts seeds in [0, 2**64 - 1] (and negatives)
 _RANGES = [  # (field, test, what it must be): values RLConfig accepts but training would fail on
     ('kl_coef', lambda v: v >= 0, '0 or more'),
     ('max_grad_norm', lambda v: v > 0, 'positive'),
     ('norm_const', lambda v: v is None or v > 0, 'none or positive'),
+    ('seed', lambda v: 0 <= v <= MAX_SEED, f'in [0, {MAX_SEED}]'),
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def _tasks_and_tokenizer():
+    tasks = arl.make_tasks('all')
+    return tasks, arl.build_tokenizer(tasks)
+
+
+@functools.lru_cache(maxsize=None)
+def longest_episode(max_turns):
+    """An upper bound on the tokens of any episode of max_turns turns, on any task.
+
+    Every turn but the last is a call (counted at MAX_CALL_TOKENS tokens), its answer and a turn
+    marker; the longest answer is a read, and edits can lengthen the source a later read shows.
+    """
+    tasks, tok = _tasks_and_tokenizer()
+    call = arl.MAX_CALL_TOKENS
+    message = max(len(tok.encode(m)) for m in arl.MESSAGES.values())    # an edit's answer
+
+    @functools.lru_cache(maxsize=None)
+    def rest(source, turns):                # tokens of the remaining turns from this source
+        if turns == 1:
+            return call                     # the last call ends the episode: no answer follows
+        read = len(tok.encode(arl.compact_source(source)))
+        answer = max(read, arl.N_PUBLIC, message)                # read, test or a bad call
+        stay = call + answer + 1 + rest(source, turns - 1)
+        edit = call + message + 1 + max(rest(op(source, ()), turns - 1)
+                                        for op in arl.EDIT_OPS.values())
+        return max(stay, edit)
+
+    return max(len(tok.encode(t.issue)) + 1 + rest(t.source, max_turns) for t in tasks)
+
+
+def max_turns_limit():
+    """The largest max_turns whose longest episode fits the agent's context (TinyAgent max_len)."""
+    max_len = inspect.signature(arl.TinyAgent).parameters['max_len'].default
+    turns = 1
+    while longest_episode(turns + 1) <= max_len:
+        turns += 1
+    return turns, max_len
 
 
 def check_ranges(cfg):
@@ -142,6 +189,11 @@ def check_ranges(cfg):
             return f'{name} must be {what}, got {getattr(cfg, name)!r}'
     if cfg.adv_mode == 'rloo' and cfg.group_size < 2:
         return f"adv_mode 'rloo' needs group_size of at least 2, got {cfg.group_size}"
+    limit, max_len = max_turns_limit()
+    if cfg.max_turns > limit:
+        return (f'max_turns must be in [1, {limit}], got {cfg.max_turns}: an episode of '
+                f'{limit + 1} turns can take {longest_episode(limit + 1)} tokens, and the '
+                f"agent's context (TinyAgent max_len) holds {max_len}")
     return None
 
 
@@ -159,6 +211,8 @@ def parse_args(argv=None):
             parser.error(f'--{name.replace("_", "-")} must be 0 or more, got {getattr(args, name)}')
     if args.threads is not None and args.threads < 1:
         parser.error(f'--threads must be at least 1, got {args.threads}')
+    if not 0 <= args.base_seed <= MAX_SEED:
+        parser.error(f'--base-seed must be in [0, {MAX_SEED}], got {args.base_seed}')
     preset = {} if args.variant == 'default' else arl.VARIANTS[args.variant]
     try:
         cfg = arl.RLConfig(**{**preset, **explicit})
@@ -169,6 +223,8 @@ def parse_args(argv=None):
         parser.error(f'invalid configuration: {problem}')
     if args.out is None:
         args.out = str(Path('runs') / f'{args.variant}-seed{cfg.seed}')
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        parser.error(f'--out must be a directory (new or existing), got the file {args.out!r}')
     return args, cfg
 
 

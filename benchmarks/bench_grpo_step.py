@@ -22,7 +22,8 @@ train_rl itself and takes per-step times from its `callback`. No library code is
 --run-steps N (default 80) also times one whole N-step train_rl run: later steps have more
 zero-advantage groups, which cost the update only a forward pass, so a run's mean step differs
 from the first steps' median. --floor prints a lower bound: the step's matrix multiplies alone at
-this machine's best GEMM throughput on the model's layer shapes (float64 and float32).
+this machine's best GEMM throughput on the model's layer shapes (float64 and float32), and
+the ratio of the step, the rollout and rl_update to their own float64 floors.
 The script prints the machine (nproc, CPU model, load average) because timings depend on it.
 """
 import argparse
@@ -94,7 +95,7 @@ def timed_steps(base, tasks, tok, cfg, steps, warmup):
     undo = attach_feed_timer(timers)
     generator = torch.Generator().manual_seed(cfg.seed)
     env_factory = timed_env_factory(cfg, timers)
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)   # as train_rl
     rows = []
     for step in range(warmup + steps):
         timers.forward = timers.env = 0.0
@@ -162,16 +163,31 @@ def compute_floor(base, tasks, tok, cfg, threads):
     learn_tokens = sum(len(t.ids) for t, lr in zip(kept, learns) if lr)
     other_tokens = sum(len(t.ids) for t, lr in zip(kept, learns) if not lr)
     flops = per_token * (rollout_tokens + 3 * learn_tokens + other_tokens)   # backward costs 2 forwards
+    parts = dict(step=flops, rollout=per_token * rollout_tokens, update=per_token * (3 * learn_tokens + other_tokens))
     print(f'\ncompute floor: {per_token / 1e3:.0f} kFLOP per token forward in the linear layers; the first step '
           f'feeds {rollout_tokens} tokens while sampling, {learn_tokens} through forward+backward and '
           f'{other_tokens} (advantage 0) forward only: {flops / 1e9:.2f} GFLOP of matrix multiplies '
           f'(padding and attention not counted)')
+    floors = {}
     for threads_now in threads:
         torch.set_num_threads(threads_now)
         for dtype in (torch.float64, torch.float32):
             best = max(gemm_gflops(linear_shapes(base), rows, dtype) for rows in (256, 1024, 2048))
             print(f'  threads {threads_now}, {str(dtype)[6:]}: best GEMM {best:.1f} GFLOP/s on the model\'s shapes '
                   f'-> matrix multiplies alone >= {flops / best / 1e6:.0f} ms per step')
+            if dtype == torch.float64:
+                floors[threads_now] = {part: f / best / 1e9 for part, f in parts.items()}
+    return floors
+
+
+def print_ratios(medians, floors):
+    """Each part's median against its own float64 matrix-multiply floor, per thread count (the issue's ratio)."""
+    print('\n| threads | step (ms) | floor | ratio | rollout | floor | ratio | rl_update | floor | ratio |')
+    print('|---|---|---|---|---|---|---|---|---|---|')
+    for threads, med in medians.items():
+        cells = [(med[k] * 1000, floors[threads][f] * 1000) for k, f in
+                 (('total', 'step'), ('rollout', 'rollout'), ('update', 'update'))]
+        print(f'| {threads} | ' + ' | '.join(f'{t:.0f} | {f:.0f} | **{t / f:.2f}**' for t, f in cells) + ' |')
 
 
 def forward_share(base, tasks, tok, cfg, repeats=7):
@@ -241,9 +257,11 @@ def main():
           f"load average {m['load'][0]:.2f} {m['load'][1]:.2f} {m['load'][2]:.2f}")
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     tasks = arl.make_tasks('train')
+    torch.set_num_threads(args.threads[0])     # build the base agent as the first timed setting
     start = time.perf_counter()
     base = arl.make_rl_base(tok)
-    print(f'make_rl_base: {time.perf_counter() - start:.1f} s (behaviour cloning, once)')
+    print(f'make_rl_base: {time.perf_counter() - start:.1f} s with {args.threads[0]} thread(s) '
+          f'(behaviour cloning, once)')
     cfg = arl.RLConfig()
     print(f'RLConfig(): {cfg.prompts_per_step} tasks x {cfg.group_size} attempts, {cfg.minibatches} minibatches,'
           f' {cfg.epochs} epoch; {args.warmup} warm-up + {args.steps} timed steps; {args.dtype}; medians in ms')
@@ -252,12 +270,14 @@ def main():
     header = (f"| threads | {' | '.join(parts)} | train_rl step | 80 steps (s) | forward calls/step |"
               f" episodes/step | padded T | mean T |")
     lines = [header, '|' + '---|' * (header.count('|') - 1)]
+    medians = {}
     for threads in args.threads:
         torch.set_num_threads(threads)
         rows = timed_steps(base, tasks, tok, cfg, args.steps, args.warmup)
         loop = train_rl_step_times(base, tasks, tok, cfg, args.steps, args.warmup)
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         t_loop = statistics.median(loop)
+        medians[threads] = med
         lines.append(f"| {threads} | " + ' | '.join(f'{med[k] * 1000:.0f}' for k in parts) +
                      f" | {t_loop * 1000:.0f} | {80 * t_loop:.1f} | {med['calls']:.0f} | {med['episodes']:.0f} |"
                      f" {med['T']:.0f} | {med['mean_len']:.1f} |")
@@ -275,7 +295,7 @@ def main():
     torch.set_num_threads(args.threads[0])
     forward_share(base, tasks, tok, cfg)
     if args.floor:
-        compute_floor(base, tasks, tok, cfg, args.threads)
+        print_ratios(medians, compute_floor(base, tasks, tok, cfg, args.threads))
     m = machine()
     print(f"\nload average after: {m['load'][0]:.2f} {m['load'][1]:.2f} {m['load'][2]:.2f}")
 

@@ -19,6 +19,8 @@ def copy_fixture(dest: Path) -> Path:
                                                                  "__pycache__"))
     shutil.copy(REPO / "_config.yml", dest / "_config.yml")
     shutil.copytree(REPO / "_static", dest / "_static")
+    (dest / "tools").mkdir(exist_ok=True)                 # the site's Sphinx extension
+    shutil.copy(REPO / "tools" / "agentrl_sphinx.py", dest / "tools" / "agentrl_sphinx.py")
     return dest
 
 

@@ -90,6 +90,32 @@ def test_rloo_is_scaled_mean_baseline_and_leave_one_out(data):
             assert rloo[n * g + i].item() == pytest.approx((groups[n, i] - others.mean()).item(), abs=1e-9)
 
 
+def _expected_group_gradient(advantages_fn, K):
+    """Exact E[mean_i A_i * grad log pi(a_i)] over all 3**K groups of a 3-armed softmax policy."""
+    import itertools
+    probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    reward = torch.tensor([1.0, 0.0, 1.0], dtype=torch.float64)
+    scores = torch.eye(3, dtype=torch.float64) - probs        # grad of log pi(a) w.r.t. logits
+    total = torch.zeros(3, dtype=torch.float64)
+    for group in itertools.product(range(3), repeat=K):
+        a = torch.tensor(group)
+        adv = advantages_fn(reward[a], K)
+        total += probs[a].prod() * (adv[:, None] * scores[a]).mean(0)
+    exact = probs * (reward - (probs * reward).sum())        # dJ/dlogits
+    return total, exact
+
+
+@pytest.mark.parametrize('K', [2, 3, 4])
+def test_leave_one_out_is_unbiased_and_group_mean_shrinks_by_one_over_k(K):
+    """Chapter 6 and 7: the mean-only baseline's expected gradient is (1 - 1/K) of the true one,
+    the leave-one-out baseline's exactly the true one."""
+    loo, exact = _expected_group_gradient(arl.rloo_advantages, K)
+    assert torch.allclose(loo, exact, atol=1e-12)
+    mean_only, _ = _expected_group_gradient(
+        lambda r, k: arl.group_advantages(r, k, normalize_std=False), K)
+    assert torch.allclose(mean_only, (1 - 1 / K) * exact, atol=1e-12)
+
+
 def test_rloo_known_values_and_errors():
     assert arl.rloo_advantages(torch.tensor([1.0, 0.0, 0.0]), 3).tolist() == pytest.approx([1.0, -0.5, -0.5])
     with pytest.raises(ValueError, match='>= 2'):

@@ -3,6 +3,7 @@ import random
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import agentrl as arl
 
@@ -111,6 +112,80 @@ def test_episode_tokens_layout(tok):
     assert all(ids[t - 1] == tok.turn_id for t in starts) and len(starts) == 4
 
 
+# a plain full-sequence forward, written out here: the reference of every packed and cached path ------
+
+def reference_logits(model, seq):
+    """Logits [T, V] of one unpadded row: the model's weights, torch's causal attention, no packing, no cache."""
+    ids = torch.as_tensor(seq)[None]
+    x = model.embed(ids) + model.pos(torch.arange(ids.shape[1]))
+    for block in model.blocks:
+        B, T, D = x.shape
+        q, k, v = block.qkv(block.ln1(x)).view(B, T, 3, block.n_heads, -1).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, D)
+        x = x + block.proj(y)
+        x = x + block.mlp(block.ln2(x))
+    return model.head(model.ln_f(x))[0]
+
+
+def reference_log_probs(model, ids, lengths, temperature=1.0):
+    """Next-token log-probs and entropies [B, T-1], one row at a time by reference_logits; 0 past each length."""
+    logps, entropies = [], []
+    for b, n in enumerate(lengths.tolist()):
+        logp = torch.log_softmax(reference_logits(model, ids[b, :n])[:-1] / temperature, -1)       # [n-1, V]
+        pad = (0, ids.shape[1] - n)
+        logps.append(F.pad(logp.gather(1, ids[b, 1:n, None])[:, 0], pad))
+        entropies.append(F.pad(-(logp.exp() * logp).sum(-1).detach(), pad))
+    return torch.stack(logps), torch.stack(entropies)
+
+
+def ragged_batch(tok, lengths, seed=0):
+    """ids [B, max length] with rows of the given lengths and junk tokens (not pad) beyond each length."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(4, len(tok), (len(lengths), max(lengths)), generator=gen), torch.tensor(lengths)
+
+
+def grads(model):
+    return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+
+RAGGED = [1, 2, 41, 3, 17, 41, 9, 1, 25, 40]       # very different lengths, single-token rows
+
+
+def test_model_forward_equals_the_plain_forward(tok):
+    model = arl.TinyAgent(len(tok), d_model=32, n_layers=2, n_heads=4, d_ff=64, seed=1)
+    ids, _ = ragged_batch(tok, [23] * 3)
+    with torch.no_grad():
+        logits = model(ids)
+    for b in range(3):
+        assert _close(logits[b], reference_logits(model, ids[b]))
+
+
+@pytest.mark.parametrize('rows_per_pass', [1, 3, 4, 16])
+def test_packed_log_probs_and_gradients_equal_the_plain_forward(tok, rows_per_pass):
+    model = arl.TinyAgent(len(tok), d_model=32, n_layers=2, n_heads=4, d_ff=64, seed=1)
+    ids, lengths = ragged_batch(tok, RAGGED)
+    weight = torch.randn(len(RAGGED), max(RAGGED) - 1, generator=torch.Generator().manual_seed(1), dtype=arl.DTYPE)
+    want_logp, want_entropy = reference_log_probs(model, ids, lengths, 0.7)
+    (want_logp * weight).sum().backward()
+    want = grads(model)
+    model.zero_grad()
+    logp, entropy = arl.packed_log_probs(model, ids, lengths, 0.7, rows_per_pass)
+    (logp * weight).sum().backward()
+    assert logp.shape == entropy.shape == want_logp.shape and not entropy.requires_grad
+    assert (logp - want_logp).abs().max() < 1e-12 and (entropy - want_entropy).abs().max() < 1e-12
+    past = torch.arange(max(RAGGED) - 1) >= lengths[:, None] - 1
+    assert (logp[past] == 0).all() and (entropy[past] == 0).all() and (entropy[~past] > 0).all()
+    assert all((g - w).abs().max() < 1e-12 for g, w in zip(grads(model), want))
+    assert all(w.abs().sum() > 0 for w in want)
+
+
+def test_packed_log_probs_of_single_token_rows_only(tok):
+    model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    ids, lengths = ragged_batch(tok, [3, 3])
+    logp, entropy = arl.packed_log_probs(model, ids, torch.tensor([1, 1]))      # nothing to predict
+    assert logp.shape == (2, 2) and (logp == 0).all() and (entropy == 0).all()
+
+
 # rollouts ----------------------------------------------------------------------------------------
 
 def _rollout(model, tok, seed, tasks=TRAIN[:8], **kw):
@@ -174,9 +249,9 @@ def _sequences(tok, lengths, seed=0):
 
 
 def _last_logits(model, seq):
-    """Logits after the last token of seq by a plain full forward: [V]."""
+    """Logits after the last token of seq by the plain full forward below: [V]."""
     with torch.no_grad():
-        return model(torch.tensor([seq]))[0, -1]
+        return reference_logits(model, seq)[-1]
 
 
 def _close(a, b):

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
+from test_agent import RAGGED, grads, ragged_batch, reference_log_probs
 
 matplotlib.use('Agg')
 torch.set_num_threads(1)
@@ -572,6 +573,54 @@ def test_token_log_probs_grad_rows(tok):
     assert not none.requires_grad and (none - every.detach()).abs().max() < 1e-12
     with pytest.raises(ValueError, match=r'grad_rows has shape \(3,\); expected \[B\] = \(4,\)'):
         arl.token_log_probs(model, ids, lengths, 1.0, grad_rows=torch.ones(3, dtype=torch.bool))
+
+
+def test_token_log_probs_and_gradients_equal_a_plain_forward(tok):
+    """Rows of very different lengths (single-token rows too), some with gradients and some without."""
+    model = arl.TinyAgent(len(tok), d_model=32, n_layers=2, n_heads=4, d_ff=64, seed=2)
+    ids, lengths = ragged_batch(tok, RAGGED, seed=3)
+    learns = torch.tensor([True, False, True, True, False, False, True, True, False, True])
+    weight = torch.randn(len(RAGGED), max(RAGGED) - 1, generator=torch.Generator().manual_seed(2), dtype=arl.DTYPE)
+    want_logp, want_entropy = reference_log_probs(model, ids, lengths, 0.8)
+    (want_logp[learns] * weight[learns]).sum().backward()
+    want = grads(model)
+    model.zero_grad()
+    logp, entropy = arl.token_log_probs(model, ids, lengths, 0.8, grad_rows=learns)
+    (logp * weight).sum().backward()                         # rows without gradients add nothing
+    assert (logp - want_logp).abs().max() < 1e-12 and (entropy - want_entropy).abs().max() < 1e-12
+    assert all((g - w).abs().max() < 1e-12 for g, w in zip(grads(model), want))
+
+
+def _plain_token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None):
+    """token_log_probs by the plain full-sequence forward of tests/test_agent.py, gradients on every row."""
+    return reference_log_probs(model, ids, lengths, temperature)
+
+
+@pytest.mark.parametrize('fields', [dict(epochs=2), dict(loss_mode='seq_mean_token_sum', temperature=0.7),
+                                    dict(kl_coef=0.1, minibatches=1)])
+def test_rl_update_equals_an_update_by_a_plain_forward(tok, monkeypatch, fields):
+    """Statistics and parameters after rl_update (SGD, so parameters move by the gradient) match those of the
+    same update computed with a plain full-sequence forward, including a step where no row learns."""
+    cfg = small_cfg(group_size=4, **fields)
+    batch, adv = _batch(tok, cfg, tiny_agent(tok, seed=3), seed=1)
+    cut = torch.tensor([40, 23, 31, 2, 17, 40, 9, 28])[:len(adv)].clamp(max=batch['lengths'])   # ragged rows
+    inside = torch.arange(batch['ids'].shape[1] - 1) < cut[:, None] - 1
+    batch = dict(batch, lengths=cut, action_mask=batch['action_mask'] * inside,
+                 sample_logp=batch['sample_logp'] * inside)
+    some_zero = adv * torch.tensor([1.0, 0.0, 0.0, 1.0] * (len(adv) // 4), dtype=arl.DTYPE)
+    results = []
+    for plain in (False, True):
+        if plain:
+            monkeypatch.setattr(arl.grpo, 'token_log_probs', _plain_token_log_probs)
+        model, ref = tiny_agent(tok, seed=3), tiny_agent(tok, seed=4)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+        stats = [arl.rl_update(model, optimizer, batch, a, cfg, ref, torch.Generator().manual_seed(0))
+                 for a in (some_zero, torch.zeros_like(adv), adv)]
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (stats, params), (want_stats, want_params) = results
+    assert stats == [pytest.approx(w, abs=1e-12) for w in want_stats]
+    assert all((p - q).abs().max() < 1e-12 for p, q in zip(params, want_params))
+    assert stats[0]['grad_norm'] > 0
 
 
 def _batch(tok, cfg, model, seed=0):

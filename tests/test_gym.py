@@ -1,6 +1,7 @@
 """Tests of chapter 4's saved code (agentrl.gym): tasks, ops, test runner, env, players."""
 import itertools
 import random
+import re
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -37,6 +38,20 @@ def test_splits_are_20_10_in_family_order():
     assert [FAMILY_OF[t.name] for t in heldout] == [f for f in families for _ in range(2)]
     assert [t.fn_name for t in ALL] == [v['f'] for spec in arl.FAMILIES.values() for v in spec['variants']]
     assert {t.name for t in train} | {t.name for t in heldout} == {t.name for t in ALL}
+
+
+def _anonymous(task):
+    """The compacted source with the function's name replaced: what is left once names go."""
+    return arl.compact_source(re.sub(rf'\b{task.fn_name}\b', 'f', task.source))
+
+
+def test_no_heldout_task_has_the_code_of_a_training_task():
+    # with rename=True (Chapter 9) such a task would *be* a training task
+    train, heldout = arl.make_tasks('train'), arl.make_tasks('heldout')
+    for h in heldout:
+        for t in train:
+            assert _anonymous(h) != _anonymous(t), (h.name, t.name)
+    assert all(h.fn_name not in {t.fn_name for t in train} for h in heldout)
 
 
 def test_tasks_are_deterministic():
@@ -101,6 +116,29 @@ def test_stacking_every_op_is_worse_than_the_best_three():
     assert arl.blind_pass_rate(arl.FIX_OPS, ALL) == pytest.approx(0.40)
     for order in itertools.permutations(arl.FIX_OPS):
         assert arl.blind_pass_rate(order, ALL) == pytest.approx(0.40)
+
+
+def _answers(task, ops):
+    """The gym's answer to each edit of ops on task, and whether the final source passes."""
+    source, said = task.source, []
+    for op in ops:
+        edited = arl.EDIT_OPS[op](source, task.public_tests)
+        said.append(edited != source)
+        source = edited
+    return said, passes(source, task.hidden_tests, task.fn_name)
+
+
+def test_loop_and_accumulator_tasks_cannot_be_told_apart_without_looking():
+    # every edit sequence the turn budget allows gets the same answers on both families, and
+    # none fixes a task of each: a no-look closed-loop player passes at most 4 families in 5
+    loops = [t for t in ALL if t.fix_op == 'fix_range_end']
+    products = [t for t in ALL if t.fix_op == 'fix_init']
+    for n in range(1, 6):
+        for ops in itertools.product(arl.FIX_OPS, repeat=n):
+            heard = {t.name: _answers(t, ops) for t in loops + products}
+            assert len({tuple(heard[t.name][0]) for t in loops + products}) == 1, ops
+            assert not (any(heard[t.name][1] for t in loops)
+                        and any(heard[t.name][1] for t in products)), ops
 
 
 # run_tests ---------------------------------------------------------------------------------------
@@ -279,6 +317,48 @@ def test_scripted_players():
         assert all(info['n_turns'] <= 6 for info in _infos('random', split))
     with pytest.raises(ValueError, match='player'):
         arl.scripted_calls(ALL[0], 'expert', random.Random(0))
+
+
+def test_adaptive_player_passes_four_families_in_five_without_looking():
+    for split in ('train', 'heldout'):
+        tasks = arl.make_tasks(split)
+        infos = [arl.play(arl.BugFixEnv(), t, arl.adaptive_player)[2] for t in tasks]
+        s = arl.play_stats(infos)
+        assert s['pass_rate'] == pytest.approx(0.8)
+        assert s['reads'] == 0.0 and s['tests'] == 0.0 and s['first_edit_right'] == pytest.approx(0.2)
+        for t, info in zip(tasks, infos):
+            assert info['hidden_pass'] == (t.fix_op != 'fix_range_end'), t.name
+            assert info['submitted'] and info['actions'][-1] == 'submit'
+            assert info['ops'] == list(arl.ADAPTIVE_OPS[:len(info['ops'])])
+
+
+def test_adaptive_player_reacts_to_the_answer():
+    task = next(t for t in ALL if t.fix_op == 'swap_minmax')
+    transcript, reward, info = arl.play(arl.BugFixEnv(), task, arl.adaptive_player)
+    assert [c for c, _ in transcript] == ['edit swap_minmax', 'submit'] and reward == 1.0
+    assert arl.adaptive_player([('edit swap_minmax', 'no change')]) == 'edit fix_index'
+    assert arl.adaptive_player([]) == 'edit swap_minmax'
+    four = [(f'edit {op}', 'no change') for op in arl.ADAPTIVE_OPS]
+    assert arl.adaptive_player(four) == 'submit'
+
+
+def test_adaptive_player_is_not_a_demonstration_kind():
+    assert 'adaptive' not in arl.PLAYERS
+    assert set(arl.BASE_KINDS) <= set(arl.PLAYERS)
+    with pytest.raises(ValueError, match='adaptive_player'):
+        arl.scripted_calls(ALL[0], 'adaptive', random.Random(0))
+
+
+def test_play_accepts_a_list_or_a_player():
+    task = arl.make_tasks('train')[0]
+    by_list = arl.play(arl.BugFixEnv(), task, ['read', f'edit {task.fix_op}', 'submit'])
+    script = iter(['read', f'edit {task.fix_op}', 'submit'])
+    by_player = arl.play(arl.BugFixEnv(), task, lambda transcript: next(script))
+    assert by_list == by_player and by_list[1] == 1.0
+    transcript, reward, info = arl.play(arl.BugFixEnv(), task, ['read'])   # list ends early
+    assert len(transcript) == 1 and reward == 0.0 and info == {'turn': 1}
+    transcript, reward, info = arl.play(arl.BugFixEnv(max_turns=3), task, lambda tr: 'read')
+    assert len(transcript) == 3 and info['submitted'] is False
 
 
 def test_read_before_first_edit_and_play_stats():

@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
+from test_agent import reference_log_probs
 
 MODES = ('token_mean', 'seq_mean_token_mean', 'seq_mean_token_sum', 'constant')
 
@@ -129,6 +130,45 @@ def test_train_ppo_with_and_without_critic():
     assert {'clip_frac', 'approx_kl', 'value_loss', 'explained_variance', 'pass_rate'} <= set(hist[0])
     hist = arl.train_ppo(arl.TinyAgent(len(tok), seed=0), tasks, tok, cfg, steps=1)
     assert 'value_loss' not in hist[0] and hist[0]['ratio_min'] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize('with_critic', [False, True])
+def test_ppo_update_equals_an_update_by_a_plain_forward(monkeypatch, with_critic):
+    """ppo_update on packed rows (SGD: parameters move by the gradient) matches the same update computed with a
+    plain full-sequence forward: statistics, policy and critic parameters, and what the monitor sees."""
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    cfg = arl.PPOConfig(samples_per_task=2, max_turns=3, epochs=2, minibatches=2, temperature=0.8)
+    policy = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=1)
+    trajs = arl.sample_episodes(policy, arl.make_tasks('train')[:4], tok, 2, torch.Generator().manual_seed(0),
+                                max_turns=3, temperature=0.8)
+    batch = arl.collate(trajs, tok.pad_id)
+    cut = torch.tensor([22, 9, 17, 2, 13, 22, 5, 20]).clamp(max=batch['lengths'])     # ragged rows
+    inside = torch.arange(batch['ids'].shape[1] - 1) < cut[:, None] - 1
+    batch = dict(batch, lengths=cut, action_mask=batch['action_mask'] * inside,
+                 rewards=torch.tensor([1.0, 0.0, 0.0, 1.0] * 2, dtype=arl.DTYPE))     # something to learn
+    assert batch['action_mask'].sum() > 0
+    results = []
+    for plain in (False, True):
+        if plain:
+            monkeypatch.setattr(arl, 'packed_log_probs', lambda model, ids, lengths, temperature=1.0, rows_per_pass=4:
+                                reference_log_probs(model, ids, lengths, temperature))
+        pol = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=1)
+        critic = arl.ValueCritic(pol) if with_critic else None
+        seen = []
+        stats = arl.ppo_update(pol, critic, torch.optim.SGD(pol.parameters(), lr=0.5),
+                               critic and torch.optim.SGD(critic.parameters(), lr=0.1), batch, cfg,
+                               torch.Generator().manual_seed(0), monitor=lambda **kw: seen.append(kw))
+        nets = [pol] + ([critic] if critic else [])
+        results.append((stats, [p.detach().clone() for net in nets for p in net.parameters()], seen))
+    (stats, params, seen), (want_stats, want_params, want_seen) = results
+    assert stats == pytest.approx(want_stats, abs=1e-12)
+    assert all((p - q).abs().max() < 1e-12 for p, q in zip(params, want_params))
+    for got, want in zip(seen, want_seen):
+        keep = got['mask'].bool()
+        assert all((got[k][keep] - want[k][keep]).abs().max() < 1e-12 for k in ('logp', 'old_logp'))
+    first, keep = seen[0], seen[0]['mask'].bool()                # before any step, pi_old is the policy
+    assert (first['logp'][keep] - first['old_logp'][keep]).abs().max() < 1e-12
+    assert stats['approx_kl'] != 0
 
 
 def test_saved_tensor_bytes_and_state_bytes():

@@ -2,15 +2,29 @@
 
 Select with `pytest -m site`; skip with `-m "not site"`. Needs /usr/bin/chromium (Debian's
 `chromium` package; tools/test_all.sh installs it). Screenshots go to _build/smoke/.
+
+Besides links, images, offline assets and math, the smoke test of the book holds (issue 14):
+no <pre> wider than its box at 1280 and 1600 px and room for 88 characters of code on every
+page; the site's search finds every chapter by a word only that chapter uses; the generated API
+page lists every public name of the package, linked both ways to the chapters; and the notebook a
+reader downloads from a chapter page runs after `pip install` of the package, outside the
+repository.
 """
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import subprocess
+import sys
+import urllib.request
 from pathlib import Path
+from urllib.parse import urljoin
 
 import nbformat
 import pytest
 
+import agentrl_sphinx
 import smoke
 from conftest import REPO
 
@@ -94,9 +108,215 @@ def test_strict_build_fails_on_a_broken_reference(recorded_copy, tmp_path):
     assert "no-such-label" in r.stdout + r.stderr
 
 
-def test_book_site_builds_strictly_and_passes_smoke(book_site):
+def test_smoke_catches_clipped_code_and_a_failing_search(fixture_site, tmp_path):
+    site = tmp_path / "html"
+    shutil.copytree(fixture_site, site)
+    page = site / "book/recorded/02-alpha.html"
+    long_line = "x = " + "1 + " * 40 + "1"                        # 164 characters
+    page.write_text(page.read_text().replace(
+        "</article>", f'<div class="cell"><div class="cell_input"><pre>{long_line}</pre></div>'
+                      f"</div></article>", 1))
+    report = smoke.smoke(site, ["book/recorded/02-alpha.html"],
+                         searches={"qqzzxnonexistentword": "book/recorded/02-alpha.html"})
+    problems = "\n".join(report["book/recorded/02-alpha.html"])
+    for width in smoke.WIDTHS:
+        assert f"at {width} px: code <pre>" in problems and "clipped" in problems, problems
+    assert "search for 'qqzzxnonexistentword' does not list" in report["search.html"][0]
+
+
+def test_smoke_catches_a_column_too_narrow_for_88_characters(fixture_site, tmp_path):
+    site = tmp_path / "html"
+    shutil.copytree(fixture_site, site)
+    css = site / "_static" / "agentrl.css"
+    css.write_text(css.read_text() + "\n.bd-article { max-width: 40rem; }\n")
+    report = smoke.smoke(site, ["book/recorded/02-alpha.html"], widths=(1280,))
+    problems = "\n".join(report["book/recorded/02-alpha.html"])
+    assert "a 88-character line does not fit in a code box" in problems, problems
+
+
+def page_texts(site: Path) -> dict[str, str]:
+    """Lower-case visible text of every page of the book (toc pages), by site path."""
+    out = {}
+    for page in smoke.toc_pages(REPO):
+        html = (site / page).read_text(encoding="utf-8")
+        html = html.split('<main', 1)[-1]
+        html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+        out[page] = re.sub(r"<[^>]+>", " ", html).lower()
+    return out
+
+
+def unique_term(texts: dict[str, str], page: str) -> str:
+    """A word of a page's text that no other page contains, not even as a word stem
+    (its first len-2 letters, at least 6), so Sphinx's stemming search must find this page alone.
+    The longest such word, ties broken alphabetically: deterministic for a given book."""
+    others = " ".join(t for p, t in texts.items() if p != page)
+    words = sorted(set(re.findall(r"\b[a-z]{8,}\b", texts[page])), key=lambda w: (-len(w), w))
+    for w in words:
+        if w[:max(6, len(w) - 2)] not in others:
+            return w
+    raise AssertionError(f"{page} has no word that no other page uses")
+
+
+@pytest.fixture(scope="module")
+def chapter_terms(book_site) -> dict[str, str]:
+    texts = page_texts(book_site)
+    chapters = [p for p in smoke.toc_pages(REPO) if p.startswith("book/recorded/")]
+    return {unique_term(texts, p): p for p in chapters}
+
+
+def test_book_site_builds_strictly_and_passes_smoke(book_site, chapter_terms):
+    """Every page: links, images, offline assets, math, nothing clipped at 1280 and 1600 px,
+    room for 88 characters; and the search finds every chapter by a word only it uses."""
     pages = smoke.toc_pages(REPO)
-    shot_page = pages[-1]
-    report = smoke.smoke(book_site, pages, shot_page, SHOTS / "book-last-page.png")
-    assert report == {p: [] for p in pages}
-    assert (SHOTS / "book-last-page.png").exists()
+    assert "book/api.html" in pages
+    shot_page = "book/recorded/04-bugfix-gym.html"
+    report = smoke.smoke(book_site, pages, shot_page, SHOTS / "book-04-bugfix-gym.png",
+                         searches=chapter_terms)
+    assert len(chapter_terms) == len(pages) - 2, chapter_terms        # every chapter
+    assert report == {p: [] for p in [*pages, "search.html"]}
+    assert (SHOTS / "book-04-bugfix-gym.png").exists()
+
+
+# ----------------------------------------------------------------------------- the API page
+
+def package_public_names() -> dict[str, list[str]]:
+    """Module -> __all__ of the importable agentrl package, as `import agentrl` builds it."""
+    import importlib
+    arl = importlib.import_module("agentrl")
+    mods = re.findall(r"^from \.(\w+) import \*", Path(arl.__file__).read_text(), re.M)
+    names = {m: list(importlib.import_module(f"agentrl.{m}").__all__) for m in mods}
+    public = {n for n in dir(arl) if not n.startswith("_")} - set(mods) - {"train"}
+    assert public == {n for ns in names.values() for n in ns}, "agentrl exports more than __all__"
+    return names
+
+
+def api_problems(site: Path, names: dict[str, list[str]]) -> list[str]:
+    """Public names missing from the API page, or not linked to and from their chapter (names
+    of a draft chapter's module, not yet in the toc, are listed without links)."""
+    api = (site / "book/api.html").read_text(encoding="utf-8")
+    chapters = {p: (site / p).read_text(encoding="utf-8")
+                for p in smoke.toc_pages(REPO) if p.startswith("book/recorded/")}
+    drafts = {m.name for m in agentrl_sphinx.read_book(REPO) if m.draft}
+    problems = []
+    for mod, ns in names.items():
+        for name in ns:
+            full = f"agentrl.{mod}.{name}"
+            m = re.search(rf'<dt class="sig sig-object py" id="{re.escape(full)}">(.*?)</dl>',
+                          api, re.S)
+            if not m:
+                problems.append(f"{full}: not on the API page")
+                continue
+            if mod in drafts:                   # its chapter is not on the site yet
+                continue
+            link = re.search(r'href="(recorded/\d\d-[a-z0-9-]+\.html)#([\w-]+)"', m.group(1))
+            if not link:
+                problems.append(f"{full}: its entry does not link to a chapter section")
+                continue
+            back = f'href="../api.html#{full}"'
+            if back not in chapters.get("book/" + link.group(1), ""):
+                problems.append(f"{full}: book/{link.group(1)} does not link back ({back})")
+    return problems
+
+
+def test_api_page_lists_every_public_name_linked_both_ways(book_site):
+    names = package_public_names()
+    assert sum(map(len, names.values())) > 100
+    assert api_problems(book_site, names) == []
+    api = (book_site / "book/api.html").read_text(encoding="utf-8")
+    assert "make_tasks</span></span><span class=\"sig-paren\">(</span>" in api   # signatures
+    assert "Saved by code cell" in api and "Section 4." in api
+
+
+def test_api_check_catches_a_missing_entry(book_site, tmp_path):
+    site = tmp_path / "html"
+    shutil.copytree(book_site, site)
+    api = site / "book/api.html"
+    api.write_text(api.read_text().replace('id="agentrl.gym.make_tasks"', 'id="gone"'))
+    ch4 = site / "book/recorded/04-bugfix-gym.html"
+    ch4.write_text(ch4.read_text().replace('href="../api.html#agentrl.gym.BugFixEnv"', 'href="#"'))
+    problems = api_problems(site, package_public_names())
+    assert "agentrl.gym.make_tasks: not on the API page" in problems
+    assert any(p.startswith("agentrl.gym.BugFixEnv: book/recorded/04-bugfix-gym.html does not "
+                            "link back") for p in problems), problems
+
+
+def test_api_build_check_names_a_public_name_the_chapters_do_not_save(tmp_path):
+    """The build-time guard of tools/agentrl_sphinx.py (a warning, so -W fails the build)."""
+    mods = agentrl_sphinx.read_book(REPO)
+    pkg = tmp_path / "agentrl"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("".join(f"from .{m.name} import *\n" for m in mods))
+    for m in mods:
+        extra = ["not_in_any_chapter"] if m.name == "gym" else []
+        (pkg / f"{m.name}.py").write_text(f"__all__ = {[e.name for e in m.entries] + extra!r}\n")
+    assert agentrl_sphinx.check_against_package(mods, tmp_path) == [
+        "public names of agentrl.gym missing from the API page (stale record or package?): "
+        "['not_in_any_chapter']"]
+
+
+# ----------------------------------------------------------------------------- a chapter outside
+
+SMALLEST_CHAPTER = "01-introduction"      # the fastest chapter (book/recorded/timings.json)
+
+
+def test_downloaded_chapter_runs_outside_the_repository(book_site, tmp_path):
+    """The .ipynb offered by a chapter page's download button runs, from a temporary
+    directory, in a fresh virtual environment with the package pip-installed (not editable),
+    with no path into the repository, and prints what the record shows."""
+    page = f"book/recorded/{SMALLEST_CHAPTER}.html"
+    html = (book_site / page).read_text(encoding="utf-8")
+    m = re.search(r'href="([^"]*\.ipynb)"[^>]*title="Download source file"', html)
+    assert m, f"{page} has no .ipynb download link"
+    with smoke.Server(book_site) as srv:
+        with urllib.request.urlopen(urljoin(urljoin(srv.url, page), m.group(1))) as r:
+            downloaded = r.read()
+    record = REPO / "book" / "recorded" / f"{SMALLEST_CHAPTER}.ipynb"
+    assert downloaded == record.read_bytes()
+
+    # pip install the package (a copy of what a clone holds) into a fresh venv
+    src = tmp_path / "src"
+    shutil.copytree(REPO / "agentrl", src / "agentrl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / f, src / f)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(venv)], check=True)
+    py = venv / "bin" / "python"
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                        "--no-deps", "--no-build-isolation", "--no-index", "--ignore-installed",
+                        str(src)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    shutil.rmtree(src)
+
+    # run the downloaded notebook from an unrelated directory
+    work = tmp_path / "reader"
+    work.mkdir()
+    nb_path = work / f"{SMALLEST_CHAPTER}.ipynb"
+    nb_path.write_bytes(downloaded)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", TQDM_DISABLE="1",
+               PYDEVD_DISABLE_FILE_VALIDATION="1")
+    env.pop("MPLBACKEND", None)
+    runner = (
+        "import json, sys, nbformat\n"
+        "from nbclient import NotebookClient\n"
+        "nb = nbformat.read(sys.argv[1], as_version=4)\n"
+        "nb.cells.append(nbformat.v4.new_code_cell("
+        "'import agentrl, os; print(agentrl.__file__); print(os.getcwd())'))\n"
+        "NotebookClient(nb, timeout=600, kernel_name='python3',"
+        " resources={'metadata': {'path': '.'}}).execute()\n"
+        "nbformat.write(nb, sys.argv[2])\n")
+    r = subprocess.run([str(py), "-c", runner, nb_path.name, "executed.ipynb"], cwd=work,
+                       env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = nbformat.read(work / "executed.ipynb", as_version=4)
+    where = ran.cells[-1].outputs[0]["text"].split("\n")
+    assert where[0].startswith(str(venv)) and str(REPO) not in where[0], where
+    assert Path(where[1]).resolve() == work.resolve(), where
+
+    def texts(nb):
+        return [[(o.get("name"), o.get("text"), o.get("data", {}).get("text/plain"))
+                 for o in c.get("outputs", []) if o["output_type"] != "display_data"]
+                for c in nb.cells if c.cell_type == "code"]
+    assert texts(ran)[:-1] == texts(nbformat.reads(downloaded.decode(), as_version=4))

@@ -84,6 +84,13 @@ def test_cli_help_lists_every_option_with_default():
     assert 'training steps (default: 40)' in text
 
 
+def test_cli_negative_steps_exit_2_and_write_nothing(tmp_path):
+    out = tmp_path / 'run'
+    result = run_cli('--steps', '-1', '--out', str(out), timeout=300)
+    assert result.returncode == 2 and not out.exists()
+    assert '--steps must be at least 1, got -1' in result.stderr
+
+
 def test_cli_bad_value_exits_2_in_a_subprocess():
     result = run_cli('--adv-mode', 'ppo', timeout=300)
     assert result.returncode == 2
@@ -137,6 +144,33 @@ def test_parse_typed_values():
     (['--adv-mode', 'rloo', '--group-size', '1'], ['rloo', 'group_size', '1']),
     (['--steps', '0'], ['--steps', '0']),
     (['--field-that-does-not-exist', '1'], ['unrecognized', '--field-that-does-not-exist']),
+    # every run option out of its range, named with its value and the accepted range
+    (['--steps', '-1'], ['--steps', '-1', 'at least 1']),
+    (['--eval-every', '-1'], ['--eval-every', '-1', '0 or more']),
+    (['--log-every', '-2'], ['--log-every', '-2', '0 or more']),
+    (['--threads', '0'], ['--threads', '0', 'at least 1']),
+    (['--base-seed', '-1'], ['--base-seed', '-1', '[0, 18446744073709551615]']),
+    (['--seed', '-1'], ['seed', '-1', '[0, 18446744073709551615]']),
+    (['--seed', str(2 ** 64)], ['seed', str(2 ** 64), '[0, 18446744073709551615]']),
+    (['--lr', 'nan'], ['--lr', "'nan'", 'finite']),
+    (['--temperature', 'inf'], ['--temperature', "'inf'", 'finite']),
+    (['--clip-high=-inf'], ['--clip-high', "'-inf'", 'finite']),
+    (['--norm-const', 'nan'], ['--norm-const', "'nan'", 'none']),
+    (['--lr', '0'], ['lr', 'positive', '0.0']),
+    (['--clip-low', '-0.1'], ['clip_low', '-0.1']),
+    (['--clip-high', '-0.5'], ['clip_high', '-0.5']),
+    (['--kl-coef', '-0.1'], ['kl_coef', '0 or more', '-0.1']),
+    (['--max-grad-norm', '0'], ['max_grad_norm', 'positive', '0.0']),
+    (['--norm-const', '0'], ['norm_const', 'none or positive', '0.0']),
+    (['--max-turns', '0'], ['max_turns', 'at least 1', '0']),
+    (['--max-turns', '7'], ['max_turns', '[1, 6]', '7', '256']),
+    (['--overlong-buffer', '7'], ['overlong_buffer', '[0, max_turns=6]', '7']),
+    (['--overlong-buffer', '-1'], ['overlong_buffer', '-1']),
+    (['--prompts-per-step', '0'], ['prompts_per_step', 'at least 1', '0']),
+    (['--max-sample-rounds', '0'], ['max_sample_rounds', 'at least 1', '0']),
+    (['--minibatches', '0'], ['minibatches', 'at least 1', '0']),
+    (['--epochs', '-1'], ['epochs', 'at least 1', '-1']),
+    (['--out', 'README.md'], ['--out', 'README.md', 'directory']),
 ])
 def test_parse_errors_exit_2_naming_value_and_accepted(argv, words, capsys):
     with pytest.raises(SystemExit) as info:
@@ -145,6 +179,20 @@ def test_parse_errors_exit_2_naming_value_and_accepted(argv, words, capsys):
     err = capsys.readouterr().err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_longest_episode_bounds_real_episodes_and_allows_the_default():
+    tasks = arl.make_tasks('all')
+    tok = arl.build_tokenizer(tasks)
+    for turns in (1, 3, 6, 7):
+        for task in tasks:
+            for first in ('read', 'edit fix_range_end', 'test'):
+                calls = [first] + ['read'] * (turns - 1)
+                ids, _ = arl.episode_tokens(tok, arl.BugFixEnv(max_turns=turns), task, calls)
+                assert len(ids) <= train.longest_episode(turns), (turns, task.name, first)
+    limit, max_len = train.max_turns_limit()
+    assert limit >= arl.RLConfig().max_turns and train.longest_episode(limit) <= max_len
+    assert train.longest_episode(limit + 1) > max_len
 
 
 def test_check_ranges_accepts_defaults_and_variants():

@@ -10,13 +10,28 @@ the local server, or a ``data:`` URI); every script and stylesheet is served loc
 must work offline); every internal ``<a href>`` points to an existing file and its ``#anchor``
 exists in the target page; pages with math have MathJax output (``mjx-container``) and no
 MathJax error (``mjx-merror``).
+
+Layout (issue 14): every page is also opened at window widths of 1280 and 1600 px
+(``WIDTHS``) with a measuring script injected by the local server (``?agentrl-smoke``). It
+reports every ``<pre>`` (code cell, output, literal block) whose content is wider than its box
+(``scrollWidth > clientWidth``: the reader would have to scroll), and whether a line of
+``LINE_LIMIT`` (88) characters fits in the first code-cell and output box of the page (the
+line-length rule; tests/test_line_length.py enforces it on the chapters themselves). The room
+comes from _static/agentrl.css. Chromium runs with --hide-scrollbars; a classic 15-px scrollbar
+still leaves room for 88 characters at 1280 px (the measured capacity is 90).
+
+Search: ``search(site, term)`` runs the site's own search page in Chromium and returns the
+pages it lists; ``smoke(..., searches={term: page})`` checks that each term finds its page.
 """
 from __future__ import annotations
 
 import argparse
 import functools
 import http.server
+import io
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -25,13 +40,77 @@ import urllib.error
 import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
-from urllib.parse import urldefrag, urljoin, urlparse
+from urllib.parse import quote, urldefrag, urljoin, urlparse
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
                   "--hide-scrollbars", "--mute-audio"]
+WIDTHS = (1280, 1600)          # window widths (px) at which nothing may be clipped
+LINE_LIMIT = 88                # characters of code/output that must fit in a box
+MEASURE_QUERY = "agentrl-smoke"
+
+# Injected before </body> of pages requested with ?agentrl-smoke. After the page has loaded,
+# its fonts are ready and MathJax has typeset, it writes a JSON report into
+# <script type="application/json" id="agentrl-smoke-report"> for --dump-dom to carry out.
+MEASURE_JS = r"""
+<script>
+(function () {
+  var LIMIT = %(limit)d;
+  function firstLine(pre) {
+    var lines = pre.textContent.split('\n');
+    var longest = lines.reduce(function (a, b) { return b.length > a.length ? b : a; }, '');
+    return {first: lines[0].slice(0, 70), longest: longest.length};
+  }
+  function probe(pre) {            // does a LIMIT-character line fit in a box like this one?
+    var clone = pre.cloneNode(false);
+    clone.textContent = new Array(LIMIT + 1).join('0');
+    pre.parentNode.insertBefore(clone, pre.nextSibling);
+    var r = {scroll: clone.scrollWidth, client: clone.clientWidth};
+    var cs = getComputedStyle(clone);
+    var span = document.createElement('span');
+    span.textContent = '0000000000';
+    clone.textContent = '';
+    clone.appendChild(span);
+    var ch = span.getBoundingClientRect().width / 10;
+    r.capacity = Math.floor((clone.clientWidth - parseFloat(cs.paddingLeft) -
+                             parseFloat(cs.paddingRight)) / ch);
+    r.font = cs.fontSize;
+    clone.remove();
+    return r;
+  }
+  function measure() {
+    var out = {width: window.innerWidth, pres: 0, clipped: [], probes: {}};
+    document.querySelectorAll('pre').forEach(function (pre, i) {
+      if (!pre.clientWidth) return;                    // hidden
+      out.pres += 1;
+      if (pre.scrollWidth > pre.clientWidth) {
+        var info = firstLine(pre);
+        info.index = i; info.scroll = pre.scrollWidth; info.client = pre.clientWidth;
+        var cell = pre.closest('.cell');
+        info.where = cell ? (pre.closest('.cell_output') ? 'output' : 'code') : 'block';
+        out.clipped.push(info);
+      }
+    });
+    var code = document.querySelector('.cell .cell_input pre');
+    var output = document.querySelector('.cell .cell_output pre');
+    if (code) out.probes.code = probe(code);
+    if (output) out.probes.output = probe(output);
+    var s = document.createElement('script');
+    s.type = 'application/json'; s.id = 'agentrl-smoke-report';
+    s.textContent = JSON.stringify(out).replace(/</g, '\\u003c');
+    document.body.appendChild(s);
+  }
+  window.addEventListener('load', function () {
+    var ready = [document.fonts ? document.fonts.ready : null];
+    if (window.MathJax && MathJax.startup && MathJax.startup.promise)
+      ready.push(MathJax.startup.promise);
+    Promise.all(ready).then(function () { setTimeout(measure, 200); });
+  });
+})();
+</script>
+""" % {"limit": LINE_LIMIT}
 
 
 class _Page(HTMLParser):
@@ -120,6 +199,20 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def send_head(self):
+        """Files as they are, except that ``page.html?agentrl-smoke`` gets MEASURE_JS."""
+        path = self.translate_path(self.path)
+        if MEASURE_QUERY not in urlparse(self.path).query or not path.endswith(".html") \
+                or not os.path.isfile(path):
+            return super().send_head()
+        text = Path(path).read_text(encoding="utf-8")
+        data = text.replace("</body>", MEASURE_JS + "</body>", 1).encode("utf-8")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        return io.BytesIO(data)
+
 
 def chromium(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="agentrl-chromium-") as profile:
@@ -127,8 +220,9 @@ def chromium(args: list[str], timeout: float = 120) -> subprocess.CompletedProce
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def dump_dom(url: str, budget_ms: int = 10000) -> str:
-    r = chromium([f"--virtual-time-budget={budget_ms}", "--dump-dom", url])
+def dump_dom(url: str, budget_ms: int = 10000, width: int | None = None) -> str:
+    size = [f"--window-size={width},1000"] if width else []
+    r = chromium([*size, f"--virtual-time-budget={budget_ms}", "--dump-dom", url])
     if r.returncode != 0 or "<html" not in r.stdout:
         raise RuntimeError(f"chromium could not load {url}: rc={r.returncode}\n{r.stderr[-2000:]}")
     return r.stdout
@@ -152,6 +246,42 @@ def http_status(url: str) -> int:
         return e.code
 
 
+def measured(dom_html: str) -> dict | None:
+    """The report MEASURE_JS left in a dumped DOM (None: the script did not run)."""
+    m = re.search(r'<script type="application/json" id="agentrl-smoke-report">(.*?)</script>',
+                  dom_html, re.S)
+    return json.loads(m.group(1)) if m else None
+
+
+def layout_problems(report: dict | None, width: int) -> list[str]:
+    """Clipped <pre> boxes and a too-narrow code/output box, from one MEASURE_JS report."""
+    if report is None:
+        return [f"at {width} px: the layout measurement did not run"]
+    problems = []
+    if report["width"] != width:
+        problems.append(f"at {width} px: the window was {report['width']} px wide")
+    for c in report["clipped"]:
+        problems.append(f"at {width} px: {c['where']} <pre> #{c['index']} clipped "
+                        f"({c['scroll']} px of content in a {c['client']} px box; longest line "
+                        f"{c['longest']} chars): {c['first']!r}")
+    for kind, p in sorted(report["probes"].items()):
+        if p["scroll"] > p["client"]:
+            problems.append(f"at {width} px: a {LINE_LIMIT}-character line does not fit in a "
+                            f"{kind} box ({p['client']} px holds {p['capacity']} characters "
+                            f"at {p['font']})")
+    return problems
+
+
+def search(server_url: str, term: str) -> list[str]:
+    """Pages (site-relative, without query) that the site's search page lists for a term."""
+    dom = dump_dom(urljoin(server_url, "search.html?q=" + quote(term)))
+    m = re.search(r'<ul class="search">(.*?)</ul>', dom, re.S)
+    if not m:
+        raise RuntimeError(f"the search page produced no result list for {term!r}")
+    hrefs = re.findall(r'<a href="([^"]*)"', m.group(1))
+    return list(dict.fromkeys(urlparse(h).path for h in hrefs))
+
+
 def toc_pages(root: Path) -> list[str]:
     """Site-relative HTML paths of the root page and every toc entry."""
     import yaml
@@ -170,13 +300,24 @@ def toc_pages(root: Path) -> list[str]:
             for f in files]
 
 
-def check_page(server_url: str, html_dir: Path, page: str,
-               _id_cache: dict | None = None) -> tuple[list[str], _Page]:
-    """Problems found on one page (empty list: fine) and its parsed DOM."""
+def check_page(server_url: str, html_dir: Path, page: str, _id_cache: dict | None = None,
+               widths: tuple[int, ...] = WIDTHS) -> tuple[list[str], _Page]:
+    """Problems found on one page (empty list: fine) and its parsed DOM.
+
+    The page is loaded once per window width with MEASURE_JS; the first load also gives the DOM
+    whose links, images, assets and math are checked.
+    """
     ids = _id_cache if _id_cache is not None else {}
     url = urljoin(server_url, page)
     problems: list[str] = []
-    dom = parse(dump_dom(url))
+    dom = None
+    for width in widths:
+        raw = dump_dom(url + "?" + MEASURE_QUERY, width=width)
+        problems += layout_problems(measured(raw), width)
+        if dom is None:
+            dom = parse(raw)
+    if dom is None:
+        dom = parse(dump_dom(url))
     static = parse((html_dir / page).read_text(encoding="utf-8"))
     if not dom.title.strip():
         problems.append("no <title>")
@@ -227,7 +368,10 @@ def check_page(server_url: str, html_dir: Path, page: str,
 
 
 def smoke(html_dir: Path, pages: list[str], screenshot_page: str | None = None,
-          screenshot_out: Path | None = None) -> dict[str, list[str]]:
+          screenshot_out: Path | None = None, searches: dict[str, str] | None = None,
+          widths: tuple[int, ...] = WIDTHS) -> dict[str, list[str]]:
+    """Problems per page (an empty list: fine). ``searches`` maps a term to the page that the
+    site's search must list for it; its problems are reported under ``search.html``."""
     html_dir = Path(html_dir).resolve()
     report: dict[str, list[str]] = {}
     with Server(html_dir) as srv:
@@ -236,7 +380,14 @@ def smoke(html_dir: Path, pages: list[str], screenshot_page: str | None = None,
             if not (html_dir / page).is_file():
                 report[page] = ["page was not built"]
                 continue
-            report[page], _ = check_page(srv.url, html_dir, page, cache)
+            report[page], _ = check_page(srv.url, html_dir, page, cache, widths)
+        if searches:
+            found = []
+            for term, want in searches.items():
+                hits = search(srv.url, term)
+                if want not in hits:
+                    found.append(f"search for {term!r} does not list {want} (it lists {hits})")
+            report["search.html"] = found
         if screenshot_page and screenshot_out:
             screenshot(urljoin(srv.url, screenshot_page), screenshot_out)
     return report
@@ -249,9 +400,13 @@ def main(argv=None) -> int:
                     help="book root whose _toc.yml lists the pages")
     ap.add_argument("--screenshot", type=Path)
     ap.add_argument("--shot-page", help="page to screenshot (default: the last toc page)")
+    ap.add_argument("--search", nargs=2, action="append", metavar=("TERM", "PAGE"), default=[],
+                    help="check that the site's search lists PAGE for TERM (repeatable)")
+    ap.add_argument("--pages", nargs="+", help="pages to check (default: every toc page)")
     args = ap.parse_args(argv)
-    pages = toc_pages(args.root)
-    report = smoke(args.html_dir, pages, args.shot_page or pages[-1], args.screenshot)
+    pages = args.pages or toc_pages(args.root)
+    report = smoke(args.html_dir, pages, args.shot_page or pages[-1], args.screenshot,
+                   searches=dict(args.search))
     bad = 0
     for page, problems in report.items():
         print(f"smoke: {page}: {'ok' if not problems else 'FAIL'}")
