@@ -23,9 +23,11 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tangle import fenced_blocks, split_front_matter  # noqa: E402
+
 LIMIT = 88
 ROOT = Path(__file__).resolve().parent.parent
-FENCE_RE = re.compile(r"^(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
 ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -59,22 +61,12 @@ def _is_code_fence(info: str) -> bool:
 def source_lines(path: Path, root: Path = ROOT, limit: int = LIMIT) -> list[LongLine]:
     """Lines longer than ``limit`` in the code cells and code blocks of one chapter source."""
     rel = path.relative_to(root).as_posix()
-    lines = path.read_text(encoding="utf-8").split("\n")
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
     out: list[LongLine] = []
     cell = 0
-    i = 0
-    if lines and lines[0].strip() == "---":                      # front matter
-        i = next((k + 1 for k in range(1, len(lines)) if lines[k].strip() == "---"), 0)
-    while i < len(lines):
-        m = FENCE_RE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        fence, info = m.group("fence"), m.group("info").strip()
-        close = re.compile("^" + re.escape(fence[0]) + "{" + str(len(fence)) + r",}\s*$")
-        j = i + 1
-        while j < len(lines) and not close.match(lines[j]):
-            j += 1
+    _, start = split_front_matter(text)
+    for i, j, fence, info in fenced_blocks(lines, start):
         is_cell = info.startswith("{code-cell}")
         if is_cell:
             cell += 1
@@ -88,7 +80,6 @@ def source_lines(path: Path, root: Path = ROOT, limit: int = LIMIT) -> list[Long
                 n = width(lines[k])
                 if n > limit:
                     out.append(LongLine(rel, where, k + 1, n, lines[k]))
-        i = j + 1
     return out
 
 

@@ -111,11 +111,9 @@ def split_front_matter(text: str) -> tuple[dict, int]:
     return {}, 0
 
 
-def parse_cells(text: str, rel: str) -> tuple[dict, list[Cell]]:
-    """Parse a MyST notebook: front matter and ``{code-cell}`` cells with their line numbers."""
-    meta, start = split_front_matter(text)
-    lines = text.split("\n")
-    cells: list[Cell] = []
+def fenced_blocks(lines: list[str], start: int = 0):
+    """Yield (i, j, fence, info) per top-level fenced block: lines[i] opens it, lines[j] closes it
+    (j == len(lines) when it is never closed); info is the text after the fence, stripped."""
     i = start
     while i < len(lines):
         m = FENCE_RE.match(lines[i])
@@ -127,6 +125,16 @@ def parse_cells(text: str, rel: str) -> tuple[dict, list[Cell]]:
         j = i + 1
         while j < len(lines) and not close.match(lines[j]):
             j += 1
+        yield i, j, fence, info
+        i = j + 1
+
+
+def parse_cells(text: str, rel: str) -> tuple[dict, list[Cell]]:
+    """Parse a MyST notebook: front matter and ``{code-cell}`` cells with their line numbers."""
+    meta, start = split_front_matter(text)
+    lines = text.split("\n")
+    cells: list[Cell] = []
+    for i, j, fence, info in fenced_blocks(lines, start):
         if j >= len(lines):
             raise TangleError(f"{rel}:{i + 1}: fence {fence!r} is never closed")
         if CODE_CELL_RE.match(info):
@@ -150,7 +158,6 @@ def parse_cells(text: str, rel: str) -> tuple[dict, list[Cell]]:
                 offset = k
             cells.append(Cell(index=len(cells) + 1, line=i + 2 + offset,
                               code="\n".join(code_lines).strip("\n"), saved=saved))
-        i = j + 1
     return meta, cells
 
 
