@@ -16,3 +16,4 @@ from .policy_gradient import *  # book/06-policy-gradient.md
 from .advantages import *  # book/07-advantages-and-credit.md
 from .ppo import *  # book/08-ppo.md
 from .grpo import *  # book/09-grpo.md
+from .regularization import *  # book/10-kl-entropy-regularization.md

@@ -1,0 +1,100 @@
+# Generated from book/10-kl-entropy-regularization.md by tools/tangle.py. Do not edit: edit the chapter and re-run the tangler.
+
+
+__all__ = [
+    'categorical_kl',
+    'estimator_moments',
+    'KL_PLACEMENTS',
+    'expected_kl_gradient',
+    'kl_gradients',
+    'pass_at_k',
+]
+
+
+import math
+
+import torch
+import agentrl as arl
+
+
+def _check_log_probs(*logps, finite=False):
+    """Raise unless all are log-probs of one shape [..., V] with rows summing to 1."""
+    shapes = {tuple(lp.shape) for lp in logps}
+    if len(shapes) != 1 or logps[0].dim() < 1 or logps[0].shape[-1] < 2:
+        raise ValueError(f'need log-probabilities of one shape [..., V] with V >= 2, '
+                         f'got {sorted(shapes)}')
+    for lp in logps:
+        if torch.isnan(lp).any() or (lp > 1e-12).any():
+            raise ValueError('log-probabilities must be <= 0 and not NaN')
+        if finite and not torch.isfinite(lp).all():
+            raise ValueError('every symbol needs a positive probability under both '
+                             'distributions (a log-probability is -inf)')
+        total = lp.exp().sum(-1)
+        if not torch.allclose(total, torch.ones_like(total), atol=1e-6):
+            raise ValueError(f'each row must sum to 1 after exp; sums range from '
+                             f'{total.min().item():.6f} to {total.max().item():.6f}')
+
+
+def categorical_kl(logp, logq):
+    """Exact KL(p || q) of categoricals from log-probs: [..., V] x 2 -> [...]."""
+    _check_log_probs(logp, logq)
+    p = logp.exp()
+    terms = torch.where(p > 0, p * (logp - logq), torch.zeros((), dtype=logp.dtype))
+    return terms.sum(-1)
+
+
+def estimator_moments(logq, logp, kind):
+    """Exact mean and std of kl_penalty(kind) at one x ~ q, estimating KL(q || p):
+    logq, logp [..., V] -> (mean [...], std [...])."""
+    _check_log_probs(logq, logp, finite=True)
+    values = arl.kl_penalty(logq, logp, kind)          # kind is checked here
+    q = logq.exp()
+    mean = (q * values).sum(-1)
+    variance = (q * (values - mean[..., None]).square()).sum(-1)
+    return mean, variance.sqrt()
+
+
+KL_PLACEMENTS = ('loss', 'reward')
+
+
+def expected_kl_gradient(logits, ref_logp, kind, placement='loss'):
+    """Exact E_{x ~ softmax(logits)} of the gradient w.r.t. the logits that kind's
+    estimate sends, as a loss or as a detached reward: logits, ref_logp [V] -> [V]."""
+    if placement not in KL_PLACEMENTS:
+        raise ValueError(f'unknown placement {placement!r}; '
+                         f'expected one of {KL_PLACEMENTS}')
+    if logits.dim() != 1:
+        raise ValueError(f'logits must have shape [V], got {tuple(logits.shape)}')
+    logits = logits.detach().to(arl.DTYPE).requires_grad_()
+    logq = torch.log_softmax(logits, -1)
+    _check_log_probs(logq.detach(), ref_logp, finite=True)
+    weights = logq.exp().detach()               # samples are drawn, not differentiated
+    values = arl.kl_penalty(logq, ref_logp, kind)
+    if placement == 'loss':
+        objective = (weights * values).sum()
+    else:                                             # REINFORCE on the reward -value
+        objective = (weights * values.detach() * logq).sum()
+    return torch.autograd.grad(objective, logits)[0]
+
+
+def kl_gradients(logits, ref_logp):
+    """Closed-form gradients w.r.t. the logits of KL(q || p) and KL(p || q),
+    q = softmax(logits): logits, ref_logp [V] -> (reverse [V], forward [V])."""
+    logq = torch.log_softmax(logits.detach().to(arl.DTYPE), -1)
+    _check_log_probs(logq, ref_logp, finite=True)
+    q, p = logq.exp(), ref_logp.exp()
+    reverse = q * (logq - ref_logp - categorical_kl(logq, ref_logp))
+    return reverse, q - p
+
+
+def pass_at_k(n, c, k):
+    """Unbiased pass@k from n attempts with c successes: 1 - C(n-c, k) / C(n, k)."""
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (n, c, k)):
+        raise ValueError(f'n, c and k must be integers, got {n!r}, {c!r}, {k!r}')
+    if n < 1:
+        raise ValueError(f'n must be at least 1, got {n}')
+    if not 0 <= c <= n:
+        raise ValueError(f'successes c must be in [0, n={n}], got {c}')
+    if not 1 <= k <= n:
+        raise ValueError(f'k must be in [1, n={n}], got {k}')
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
