@@ -440,13 +440,15 @@ def collate(trajs, pad_id):
                 lengths=lengths)
 
 
-def packed_log_probs(model, ids, lengths, temperature=1.0, rows_per_pass=4):
-    """Log-prob of each next token at a temperature, and the entropy (no gradient):
-    ids [B, T], lengths [B] -> [B, T-1] x 2.
+def packed_log_probs(model, ids, lengths, temperature=1.0, rows_per_pass=4,
+                     entropy_grad=False):
+    """Log-prob of each next token at a temperature, and the entropy: ids [B, T],
+    lengths [B] -> [B, T-1] x 2.
 
     The model's layers run once over the rows' tokens laid end to end, with no padding
     beyond each bucket of rows_per_pass rows of similar length (attention runs per
-    bucket, cut to its longest row); both outputs are 0 past a row's own length."""
+    bucket, cut to its longest row); both outputs are 0 past a row's own length. The
+    entropy carries a gradient only with entropy_grad (an entropy bonus needs one)."""
     layout = _Buckets(lengths.tolist(), ids.shape[1], rows_per_pass)
     flat = ids.reshape(-1)
     # [K, D]: tokens with a next one
@@ -454,7 +456,8 @@ def packed_log_probs(model, ids, lengths, temperature=1.0, rows_per_pass=4):
     # [K, V]
     logp = torch.log_softmax(model.head(model.ln_f(hidden)) / temperature, -1)
     where, out, known = ((layout.row, layout.col),
-                         logp.new_zeros(ids.shape[0], ids.shape[1] - 1), logp.detach())
+                         logp.new_zeros(ids.shape[0], ids.shape[1] - 1),
+                         logp if entropy_grad else logp.detach())
     entropy = out.index_put(where, -(known.exp() * known).sum(-1))
     return (out.index_put(where, logp.gather(1, flat[layout.target, None])[:, 0]),
             entropy)

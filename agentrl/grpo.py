@@ -5,6 +5,7 @@ __all__ = [
     'ADV_MODES',
     'RATIO_LEVELS',
     'KL_KINDS',
+    'KL_PLACEMENTS',
     'RLConfig',
     'make_env',
     'sample_groups',
@@ -12,6 +13,7 @@ __all__ = [
     'behavior_stats',
     'overlong_penalty',
     'compute_advantages',
+    'episode_kl',
     'kl_penalty',
     'policy_loss',
     'token_log_probs',
@@ -51,6 +53,7 @@ import agentrl as arl
 ADV_MODES = ('grpo', 'mean', 'rloo')
 RATIO_LEVELS = ('token', 'sequence')
 KL_KINDS = ('k1', 'k2', 'k3')
+KL_PLACEMENTS = ('loss', 'reward')
 
 
 @dataclass
@@ -90,6 +93,11 @@ class RLConfig:
     # weight of the KL penalty to a frozen reference; 0 = no reference
     kl_coef: float = 0.0
     kl_kind: str = 'k3'             # KL estimator: 'k1', 'k2' or 'k3'
+    # 'loss': kl_kind's estimate joins the loss; 'reward': k1 summed over an episode
+    # is subtracted from its reward (Chapter 10)
+    kl_placement: str = 'loss'
+    # weight of a bonus on the policy's mean token entropy; 0 = none (Chapter 10)
+    entropy_coef: float = 0.0
     lr: float = 1e-3
     epochs: int = 1
     minibatches: int = 2
@@ -98,7 +106,8 @@ class RLConfig:
 
     def __post_init__(self):
         for name, allowed in [('adv_mode', ADV_MODES), ('ratio_level', RATIO_LEVELS),
-                              ('kl_kind', KL_KINDS), ('loss_mode', arl.LOSS_MODES)]:
+                              ('kl_kind', KL_KINDS), ('kl_placement', KL_PLACEMENTS),
+                              ('loss_mode', arl.LOSS_MODES)]:
             if getattr(self, name) not in allowed:
                 raise ValueError(f'unknown {name} {getattr(self, name)!r}; '
                                  f'expected one of {allowed}')
@@ -113,6 +122,9 @@ class RLConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f'{name} must be at least 1, '
                                  f'got {getattr(self, name)!r}')
+        for name in ('kl_coef', 'entropy_coef'):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f'{name} must be >= 0, got {getattr(self, name)!r}')
         if self.temperature <= 0 or self.lr <= 0:
             raise ValueError(f'temperature and lr must be positive, '
                              f'got {self.temperature!r} and {self.lr!r}')
@@ -185,10 +197,22 @@ def compute_advantages(batch, cfg):
     rewards = batch['rewards']
     if cfg.overlong_buffer:
         rewards = rewards - overlong_penalty(batch['n_turns'], cfg)
+    if cfg.kl_coef and cfg.kl_placement == 'reward':
+        rewards = rewards - cfg.kl_coef * episode_kl(batch)
     if cfg.adv_mode == 'rloo':
         return arl.rloo_advantages(rewards, cfg.group_size)
     return arl.group_advantages(rewards, cfg.group_size,
                                 normalize_std=(cfg.adv_mode == 'grpo'))
+
+
+def episode_kl(batch):
+    """k1 of pi_old against pi_ref summed over each episode's policy tokens: batch's
+    sample_logp, ref_logp, action_mask [B, T-1] -> [B]."""
+    if 'ref_logp' not in batch:
+        raise ValueError("kl_placement='reward' needs batch['ref_logp'], the reference's "
+                         "log-probs (train_rl adds them when kl_coef > 0)")
+    drift = batch['sample_logp'] - batch['ref_logp']
+    return (drift * batch['action_mask']).sum(-1)
 
 
 def kl_penalty(logp, ref_logp, kind='k3'):
@@ -222,14 +246,16 @@ def policy_loss(logp, old_logp, advantages, mask, cfg):
                                cfg.clip_high, cfg.loss_mode, norm_const=norm_const)
 
 
-def token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None):
+def token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None,
+                    entropy_grad=False):
     """Log-prob of each next token at the sampling temperature, and the entropy:
     ids [B, T], lengths [B] -> [B, T-1] x 2.
 
     arl.packed_log_probs: the rows' tokens go through the model's layers packed end to
     end, with attention per bucket of rows_per_pass similar lengths; both outputs are 0
     past a row's own length. grad_rows [B] (bool, default all) marks the rows whose
-    log-probs need gradients; the others run in a pass of their own without autograd."""
+    log-probs need gradients; the others run in a pass of their own without autograd.
+    The entropy has a gradient only with entropy_grad."""
     if grad_rows is None:
         grad_rows = torch.ones(len(ids), dtype=torch.bool)
     if grad_rows.shape != lengths.shape:
@@ -241,38 +267,42 @@ def token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows
         if len(chosen):
             with torch.set_grad_enabled(needs_grad and torch.is_grad_enabled()):
                 parts.append(arl.packed_log_probs(model, ids[chosen], lengths[chosen],
-                                                  temperature, rows_per_pass))
+                                                  temperature, rows_per_pass,
+                                                  entropy_grad))
             order.append(chosen)
     back = torch.cat(order).argsort()                    # every row back in its place
     return tuple(torch.cat(outputs)[back] for outputs in zip(*parts))
 
 
-def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generator=None):
+def rl_update(model, optimizer, batch, advantages, cfg, generator=None):
     """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> the steps'
     mean statistics."""
     # [B, T], [B, T-1], [B]
     ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']
-    # pi_old: recorded while sampling (Chapter 5)
-    old_logp = batch['sample_logp']
-    ref_logp = None
-    if ref_model is not None and cfg.kl_coef:
-        with torch.no_grad():
-            ref_logp, _ = token_log_probs(ref_model, ids, lengths, cfg.temperature)
+    # pi_old: recorded while sampling (Chapter 5); pi_ref: only with a KL term
+    old_logp, ref_logp = batch['sample_logp'], batch.get('ref_logp')
+    kl_in_loss = ref_logp is not None and cfg.kl_placement == 'loss'
+    # rows with advantage 0 need a gradient only for a term besides the policy loss
+    every_row_learns = kl_in_loss or cfg.entropy_coef > 0
     logs = []
     for _ in range(cfg.epochs):
         for rows in torch.randperm(len(ids),
                                    generator=generator).chunk(cfg.minibatches):
-            # None: the KL term has gradients everywhere
-            learns = advantages[rows] != 0 if ref_logp is None else None
+            learns = None if every_row_learns else advantages[rows] != 0
             logp, entropy = token_log_probs(model, ids[rows], lengths[rows],
-                                            cfg.temperature, grad_rows=learns)
+                                            cfg.temperature, grad_rows=learns,
+                                            entropy_grad=cfg.entropy_coef > 0)
             loss, stats = policy_loss(logp, old_logp[rows], advantages[rows],
                                       mask[rows], cfg)
             if ref_logp is not None:
                 kl = arl.masked_mean(kl_penalty(logp, ref_logp[rows], cfg.kl_kind),
                                      mask[rows])
-                loss = loss + cfg.kl_coef * kl
                 stats['kl_ref'] = kl.item()
+                if kl_in_loss:
+                    loss = loss + cfg.kl_coef * kl
+            mean_entropy = arl.masked_mean(entropy, mask[rows])
+            if cfg.entropy_coef:
+                loss = loss - cfg.entropy_coef * mean_entropy
             optimizer.zero_grad()
             if loss.requires_grad:
                 loss.backward()
@@ -283,7 +313,7 @@ def rl_update(model, optimizer, batch, advantages, cfg, ref_model=None, generato
             stats['grad_norm'] = float(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm))
             optimizer.step()
-            stats['entropy'] = arl.masked_mean(entropy, mask[rows]).item()
+            stats['entropy'] = mean_entropy.item()
             logs.append(stats)
     return {key: sum(s[key] for s in logs) / len(logs) for key in logs[0]}
 
@@ -365,8 +395,13 @@ def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator):
     batch = arl.collate(episodes, tok.pad_id)
     batch['n_turns'] = torch.tensor([t.info['n_turns'] for t in episodes],
                                     dtype=arl.DTYPE)
+    if ref_model is not None and cfg.kl_coef:
+        # pi_ref's log-probs, once per batch, for the KL term in the loss or the reward
+        with torch.no_grad():
+            batch['ref_logp'], _ = token_log_probs(ref_model, batch['ids'],
+                                                   batch['lengths'], cfg.temperature)
     return rl_update(model, optimizer, batch, compute_advantages(batch, cfg), cfg,
-                     ref_model, generator)
+                     generator)
 
 
 def format_log_line(record):

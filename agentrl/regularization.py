@@ -4,7 +4,6 @@
 __all__ = [
     'categorical_kl',
     'estimator_moments',
-    'KL_PLACEMENTS',
     'expected_kl_gradient',
     'kl_gradients',
     'pass_at_k',
@@ -54,15 +53,12 @@ def estimator_moments(logq, logp, kind):
     return mean, variance.sqrt()
 
 
-KL_PLACEMENTS = ('loss', 'reward')
-
-
 def expected_kl_gradient(logits, ref_logp, kind, placement='loss'):
     """Exact E_{x ~ softmax(logits)} of the gradient w.r.t. the logits that kind's
     estimate sends, as a loss or as a detached reward: logits, ref_logp [V] -> [V]."""
-    if placement not in KL_PLACEMENTS:
+    if placement not in arl.KL_PLACEMENTS:
         raise ValueError(f'unknown placement {placement!r}; '
-                         f'expected one of {KL_PLACEMENTS}')
+                         f'expected one of {arl.KL_PLACEMENTS}')
     if logits.dim() != 1:
         raise ValueError(f'logits must have shape [V], got {tuple(logits.shape)}')
     logits = logits.detach().to(arl.DTYPE).requires_grad_()

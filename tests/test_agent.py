@@ -127,14 +127,16 @@ def reference_logits(model, seq):
     return model.head(model.ln_f(x))[0]
 
 
-def reference_log_probs(model, ids, lengths, temperature=1.0):
-    """Next-token log-probs and entropies [B, T-1], one row at a time by reference_logits; 0 past each length."""
+def reference_log_probs(model, ids, lengths, temperature=1.0, entropy_grad=False):
+    """Next-token log-probs and entropies [B, T-1], one row at a time by reference_logits; 0 past each length;
+    the entropies carry a gradient only with entropy_grad."""
     logps, entropies = [], []
     for b, n in enumerate(lengths.tolist()):
         logp = torch.log_softmax(reference_logits(model, ids[b, :n])[:-1] / temperature, -1)       # [n-1, V]
         pad = (0, ids.shape[1] - n)
         logps.append(F.pad(logp.gather(1, ids[b, 1:n, None])[:, 0], pad))
-        entropies.append(F.pad(-(logp.exp() * logp).sum(-1).detach(), pad))
+        entropy = -(logp.exp() * logp).sum(-1)
+        entropies.append(F.pad(entropy if entropy_grad else entropy.detach(), pad))
     return torch.stack(logps), torch.stack(entropies)
 
 
@@ -177,6 +179,22 @@ def test_packed_log_probs_and_gradients_equal_the_plain_forward(tok, rows_per_pa
     assert (logp[past] == 0).all() and (entropy[past] == 0).all() and (entropy[~past] > 0).all()
     assert all((g - w).abs().max() < 1e-12 for g, w in zip(grads(model), want))
     assert all(w.abs().sum() > 0 for w in want)
+
+
+def test_packed_entropy_gradient_equals_the_plain_forward(tok):
+    """With entropy_grad the entropy carries the gradient of the plain per-row entropy."""
+    model = arl.TinyAgent(len(tok), d_model=32, n_layers=2, n_heads=4, d_ff=64, seed=1)
+    ids, lengths = ragged_batch(tok, RAGGED)
+    weight = torch.randn(len(RAGGED), max(RAGGED) - 1, generator=torch.Generator().manual_seed(3), dtype=arl.DTYPE)
+    _, want_entropy = reference_log_probs(model, ids, lengths, 0.7, entropy_grad=True)
+    (want_entropy * weight).sum().backward()
+    want = grads(model)
+    model.zero_grad()
+    _, entropy = arl.packed_log_probs(model, ids, lengths, 0.7, 3, entropy_grad=True)
+    (entropy * weight).sum().backward()
+    assert (entropy - want_entropy).abs().max() < 1e-12
+    assert all((g - w).abs().max() < 1e-12 for g, w in zip(grads(model), want))
+    assert any(w.abs().max() > 0 for w in want)
 
 
 def test_packed_log_probs_of_single_token_rows_only(tok):

@@ -54,7 +54,8 @@ def traj(reward=0.0, task='clamp/clamp', submitted=True, hidden_pass=False, acti
 REFERENCE_DEFAULTS = dict(
     group_size=8, prompts_per_step=8, temperature=1.0, max_turns=6, rename=True, max_edits=1, reward='hidden',
     adv_mode='grpo', overlong_buffer=0, dynamic_sampling=False, max_sample_rounds=4, ratio_level='token',
-    clip_low=0.2, clip_high=0.2, loss_mode='token_mean', norm_const=None, kl_coef=0.0, kl_kind='k3', lr=1e-3,
+    clip_low=0.2, clip_high=0.2, loss_mode='token_mean', norm_const=None, kl_coef=0.0, kl_kind='k3', kl_placement='loss',
+    entropy_coef=0.0, lr=1e-3,
     epochs=1, minibatches=2, max_grad_norm=1.0, seed=0)
 
 
@@ -65,7 +66,8 @@ def test_rlconfig_defaults_are_the_references():
 
 @pytest.mark.parametrize('field, value, accepted', [
     ('adv_mode', 'ppo', 'rloo'), ('ratio_level', 'word', 'sequence'), ('kl_kind', 'k4', 'k3'),
-    ('loss_mode', 'sum', 'seq_mean_token_sum'), ('reward', 'secret', 'public')])
+    ('loss_mode', 'sum', 'seq_mean_token_sum'), ('reward', 'secret', 'public'),
+    ('kl_placement', 'advantage', 'reward')])
 def test_rlconfig_rejects_unknown_values_naming_them(field, value, accepted):
     with pytest.raises(ValueError, match=f"{field} '{value}'.*{accepted}"):
         arl.RLConfig(**{field: value})
@@ -82,7 +84,8 @@ def test_rlconfig_rejects_bad_counts(fields):
     ('group_size', 0), ('prompts_per_step', -1), ('max_turns', 0), ('max_sample_rounds', 0), ('minibatches', 0),
     ('epochs', 0), ('temperature', 0.0), ('temperature', -0.5), ('lr', 0.0), ('lr', -0.001),
     ('clip_low', -0.125), ('clip_low', 1.0), ('clip_low', 1.5), ('clip_high', -0.25), ('overlong_buffer', -1),
-    ('overlong_buffer', 7)])
+    ('overlong_buffer', 7), ('kl_coef', -0.01), ('kl_coef', float('nan')), ('entropy_coef', -0.001),
+    ('entropy_coef', float('nan'))])
 def test_rlconfig_rejects_out_of_range_values_naming_them(field, value):
     with pytest.raises(ValueError, match=rf'{field}.*{re.escape(repr(value))}'):
         arl.RLConfig(**{field: value})
@@ -97,7 +100,8 @@ def test_rlconfig_overlong_buffer_is_bounded_by_max_turns():
 @pytest.mark.parametrize('fields', [
     dict(group_size=1), dict(prompts_per_step=1), dict(max_turns=1), dict(max_sample_rounds=1), dict(minibatches=1),
     dict(epochs=1), dict(temperature=1e-3), dict(lr=1e-9), dict(clip_low=0.0), dict(clip_low=0.999),
-    dict(clip_high=0.0), dict(clip_high=5.0), dict(overlong_buffer=6), dict(max_turns=1, overlong_buffer=1)])
+    dict(clip_high=0.0), dict(clip_high=5.0), dict(overlong_buffer=6), dict(max_turns=1, overlong_buffer=1),
+    dict(kl_coef=0.0), dict(entropy_coef=0.0), dict(kl_placement='reward', kl_coef=2.0)])
 def test_rlconfig_accepts_boundary_values(fields):
     cfg = arl.RLConfig(**fields)
     assert all(getattr(cfg, k) == v for k, v in fields.items())
@@ -591,13 +595,22 @@ def test_token_log_probs_and_gradients_equal_a_plain_forward(tok):
     assert all((g - w).abs().max() < 1e-12 for g, w in zip(grads(model), want))
 
 
-def _plain_token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None):
+def _plain_token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None,
+                           entropy_grad=False):
     """token_log_probs by the plain full-sequence forward of tests/test_agent.py, gradients on every row."""
-    return reference_log_probs(model, ids, lengths, temperature)
+    return reference_log_probs(model, ids, lengths, temperature, entropy_grad)
+
+
+def _with_reference(batch, ref, cfg):
+    """batch plus ref's log-probs, as train_rl adds them when cfg.kl_coef > 0."""
+    with torch.no_grad():
+        ref_logp, _ = arl.token_log_probs(ref, batch['ids'], batch['lengths'], cfg.temperature)
+    return dict(batch, ref_logp=ref_logp)
 
 
 @pytest.mark.parametrize('fields', [dict(epochs=2), dict(loss_mode='seq_mean_token_sum', temperature=0.7),
-                                    dict(kl_coef=0.1, minibatches=1)])
+                                    dict(kl_coef=0.1, minibatches=1), dict(kl_coef=0.1, kl_placement='reward'),
+                                    dict(entropy_coef=0.05, epochs=2)])
 def test_rl_update_equals_an_update_by_a_plain_forward(tok, monkeypatch, fields):
     """Statistics and parameters after rl_update (SGD, so parameters move by the gradient) match those of the
     same update computed with a plain full-sequence forward, including a step where no row learns."""
@@ -614,7 +627,8 @@ def test_rl_update_equals_an_update_by_a_plain_forward(tok, monkeypatch, fields)
             monkeypatch.setattr(arl.grpo, 'token_log_probs', _plain_token_log_probs)
         model, ref = tiny_agent(tok, seed=3), tiny_agent(tok, seed=4)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-        stats = [arl.rl_update(model, optimizer, batch, a, cfg, ref, torch.Generator().manual_seed(0))
+        with_ref = _with_reference(batch, ref, cfg) if cfg.kl_coef else batch
+        stats = [arl.rl_update(model, optimizer, with_ref, a, cfg, torch.Generator().manual_seed(0))
                  for a in (some_zero, torch.zeros_like(adv), adv)]
         results.append((stats, [p.detach().clone() for p in model.parameters()]))
     (stats, params), (want_stats, want_params) = results
@@ -651,12 +665,9 @@ def test_rl_update_with_reference_and_sequence_ratio(tok):
     model = tiny_agent(tok)
     ref = tiny_agent(tok, seed=1)
     batch, adv = _batch(tok, cfg, model)
-    stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), batch, adv, cfg, ref_model=ref)
+    stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), _with_reference(batch, ref, cfg), adv, cfg)
     assert set(stats) == PPO_KEYS | {'kl_ref'}                             # GSPO reports PPO's statistics
     assert stats['kl_ref'] > 0
-    # a reference without kl_coef is ignored
-    stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), batch, adv, small_cfg(), ref_model=ref)
-    assert 'kl_ref' not in stats
 
 
 @pytest.mark.parametrize('fields', [dict(), dict(ratio_level='sequence', clip_low=3e-4, clip_high=4e-4),
@@ -702,20 +713,72 @@ def test_rl_update_ignores_tokens_beyond_each_length(tok, fields):
     assert all((p - q).abs().max() < 1e-12 for p, q in zip(params, junk_params))
 
 
-def test_rl_update_uses_the_reference_only_with_kl_coef(tok):
-    cfg = small_cfg(epochs=1)
-    model = tiny_agent(tok)
-    batch, adv = _batch(tok, cfg, model)
-
-    def no_reference(ids):
+class _NoReference(torch.nn.Module):
+    def hidden(self, *args):
         raise AssertionError('the reference model ran with kl_coef 0')
 
-    stats = arl.rl_update(model, torch.optim.Adam(model.parameters()), batch, adv, cfg, ref_model=no_reference)
-    assert 'kl_ref' not in stats
+
+def test_train_rl_uses_the_reference_only_with_kl_coef(tok):
+    history = arl.train_rl(tiny_agent(tok), TRAIN, tok, small_cfg(), 1, ref_model=_NoReference())
+    assert 'kl_ref' not in history[0]
+    with pytest.raises(AssertionError, match='reference model ran'):
+        arl.train_rl(tiny_agent(tok), TRAIN, tok, small_cfg(kl_coef=0.1), 1, ref_model=_NoReference())
     policy, same = tiny_agent(tok), tiny_agent(tok)                        # a reference equal to the policy
-    stats = arl.rl_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), batch, adv,
-                          small_cfg(epochs=1, kl_coef=0.5), ref_model=same, generator=torch.Generator().manual_seed(1))
+    cfg = small_cfg(epochs=1, kl_coef=0.5)
+    batch, adv = _batch(tok, cfg, policy)
+    stats = arl.rl_update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), _with_reference(batch, same, cfg),
+                          adv, cfg, generator=torch.Generator().manual_seed(1))
     assert abs(stats['kl_ref']) < 1e-12                                     # rows of pi_ref match the minibatch
+
+
+@pytest.mark.parametrize('placement', ['loss', 'reward'])
+def test_train_rl_logs_kl_ref_in_both_placements(tok, placement):
+    history = arl.train_rl(tiny_agent(tok), TRAIN, tok, small_cfg(kl_coef=0.1, kl_placement=placement), 2)
+    assert all('kl_ref' in h for h in history) and abs(history[0]['kl_ref']) < 1e-12   # reference = start
+
+
+def test_kl_in_the_reward_leaves_the_loss_alone(tok):
+    """With kl_placement='reward' the update is the one without a KL term (same advantages), kl_ref still logged."""
+    cfg = small_cfg(group_size=4, kl_coef=0.3, kl_placement='reward')
+    batch, adv = _batch(tok, cfg, tiny_agent(tok, seed=3), seed=1)
+    results = []
+    for fields, b in ((cfg, _with_reference(batch, tiny_agent(tok, seed=4), cfg)), (small_cfg(group_size=4), batch)):
+        model = tiny_agent(tok, seed=3)
+        stats = arl.rl_update(model, torch.optim.Adam(model.parameters(), lr=1e-2), b, adv, fields,
+                              generator=torch.Generator().manual_seed(0))
+        results.append((stats, [p.detach().clone() for p in model.parameters()]))
+    (stats, params), (want_stats, want_params) = results
+    assert stats.pop('kl_ref') > 0 and stats == want_stats
+    assert all(torch.equal(p, q) for p, q in zip(params, want_params))
+
+
+def test_compute_advantages_subtracts_the_episode_kl_in_reward_placement():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]], dtype=arl.DTYPE)
+    batch = dict(rewards=torch.tensor([1.0, 0.0], dtype=arl.DTYPE), action_mask=mask,
+                 sample_logp=torch.tensor([[-0.5, -1.0, -9.0], [-2.0, -0.1, -0.3]], dtype=arl.DTYPE),
+                 ref_logp=torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -0.6, -0.2]], dtype=arl.DTYPE))
+    assert arl.episode_kl(batch).tolist() == pytest.approx([0.5, 0.4])      # masked tokens ignored
+    cfg = arl.RLConfig(group_size=2, adv_mode='mean', kl_coef=0.5, kl_placement='reward')
+    # rewards become 1 - 0.25 and 0 - 0.2; centred in their group of two
+    assert arl.compute_advantages(batch, cfg).tolist() == pytest.approx([0.475, -0.475])
+    loss_cfg = dataclasses.replace(cfg, kl_placement='loss')
+    assert arl.compute_advantages(batch, loss_cfg).tolist() == pytest.approx([0.5, -0.5])
+    with pytest.raises(ValueError, match=r"needs batch\['ref_logp'\]"):
+        arl.compute_advantages({k: v for k, v in batch.items() if k != 'ref_logp'}, cfg)
+
+
+def test_entropy_bonus_raises_entropy_even_without_advantages(tok):
+    """entropy_coef gives every row a gradient; with zero advantages a small step raises the batch's entropy."""
+    cfg = small_cfg(group_size=4, epochs=1, minibatches=1, entropy_coef=1.0)
+    model = tiny_agent(tok, seed=3)
+    batch, adv = _batch(tok, cfg, model, seed=1)
+    zero = torch.zeros_like(adv)
+    before = arl.rl_update(model, torch.optim.SGD(model.parameters(), lr=0.05), batch, zero, cfg)
+    after = arl.rl_update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, zero, cfg)
+    assert before['grad_norm'] > 0 and after['entropy'] > before['entropy']
+    still = tiny_agent(tok, seed=3)
+    stats = arl.rl_update(still, torch.optim.SGD(still.parameters(), lr=0.05), batch, zero, small_cfg(group_size=4))
+    assert stats['grad_norm'] == 0.0
 
 
 def test_rl_update_zero_advantages_leave_policy_unchanged(tok):
