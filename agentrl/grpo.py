@@ -209,8 +209,8 @@ def episode_kl(batch):
     """k1 of pi_old against pi_ref summed over each episode's policy tokens: batch's
     sample_logp, ref_logp, action_mask [B, T-1] -> [B]."""
     if 'ref_logp' not in batch:
-        raise ValueError("kl_placement='reward' needs batch['ref_logp'], the reference's "
-                         "log-probs (train_rl adds them when kl_coef > 0)")
+        raise ValueError("kl_placement='reward' needs batch['ref_logp'], the "
+                         "reference's log-probs (train_rl adds them when kl_coef > 0)")
     drift = batch['sample_logp'] - batch['ref_logp']
     return (drift * batch['action_mask']).sum(-1)
 

@@ -7,9 +7,13 @@ __all__ = [
     'expected_kl_gradient',
     'kl_gradients',
     'pass_at_k',
+    'PASS_KS',
+    'sample_profile',
 ]
 
 
+import dataclasses
+import functools
 import math
 
 import torch
@@ -94,3 +98,36 @@ def pass_at_k(n, c, k):
     if not 1 <= k <= n:
         raise ValueError(f'k must be in [1, n={n}], got {k}')
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+PASS_KS = (1, 2, 4, 8, 16)
+
+
+def sample_profile(model, tasks, tok, cfg, ref_model, n=16, ks=PASS_KS, seed=0):
+    """n episodes of every task in cfg's gym, no learning -> dict: pass@k for each k
+    (mean over tasks), reads, entropy, distinct call sequences per task, kl_to_ref."""
+    if n < 1 or not ks or not all(1 <= k <= n for k in ks):
+        raise ValueError(f'need n >= 1 and every k in [1, n={n}], got ks={ks!r}')
+    settings = dataclasses.replace(cfg, group_size=n)
+    env_factory = functools.partial(arl.make_env, settings)
+    episodes = arl.sample_groups(model, env_factory, tasks, tok, settings,
+                                 torch.Generator().manual_seed(seed))
+    groups = [episodes[i:i + n] for i in range(0, len(episodes), n)]
+    wins = [sum(bool(t.info['submitted'] and t.info['hidden_pass']) for t in group)
+            for group in groups]
+    profile = {f'pass@{k}': sum(pass_at_k(n, c, k) for c in wins) / len(groups)
+               for k in ks}
+    profile['reads'] = arl.behavior_stats(episodes)['reads']
+    profile['distinct'] = sum(len({tuple(t.info['actions']) for t in group})
+                              for group in groups) / len(groups)
+    batch = arl.collate(episodes, tok.pad_id)
+    with torch.no_grad():
+        _, entropy = arl.token_log_probs(model, batch['ids'], batch['lengths'],
+                                         cfg.temperature)
+        batch['ref_logp'], _ = arl.token_log_probs(ref_model, batch['ids'],
+                                                   batch['lengths'], cfg.temperature)
+    profile['entropy'] = arl.masked_mean(entropy, batch['action_mask']).item()
+    # sum over an episode of log pi / pi_ref at its own tokens: unbiased for the
+    # KL between the two policies' distributions over whole episodes
+    profile['kl_to_ref'] = arl.episode_kl(batch).mean().item()
+    return profile

@@ -187,3 +187,76 @@ def test_pass_at_k_is_monotone_and_matches_enumeration(n, data):
 def test_pass_at_k_rejects_bad_counts(args, match):
     with pytest.raises(ValueError, match=match):
         arl.pass_at_k(*args)
+
+
+# --- sample_profile -------------------------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def tok():
+    return arl.build_tokenizer(arl.make_tasks('all'))
+
+
+def _agent(tok, seed):
+    return arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=seed)
+
+
+TASKS = arl.make_tasks('train')[:3]
+
+
+def test_sample_profile_keys_ranges_and_monotone_pass_at_k(tok):
+    cfg = arl.RLConfig(max_turns=3)
+    profile = arl.sample_profile(_agent(tok, 0), TASKS, tok, cfg, _agent(tok, 1), n=4, ks=(1, 2, 4))
+    assert set(profile) == {'pass@1', 'pass@2', 'pass@4', 'reads', 'distinct', 'entropy', 'kl_to_ref'}
+    passes = [profile[f'pass@{k}'] for k in (1, 2, 4)]
+    assert all(0 <= p <= 1 for p in passes) and passes == sorted(passes)
+    assert 1 <= profile['distinct'] <= 4 and profile['entropy'] > 0
+    assert profile['kl_to_ref'] != 0                     # two different random agents
+
+
+def test_sample_profile_kl_to_itself_is_zero_and_reproducible(tok):
+    cfg = arl.RLConfig(max_turns=3)
+    model = _agent(tok, 0)
+    profile = arl.sample_profile(model, TASKS, tok, cfg, model, n=2, ks=(1,), seed=5)
+    assert abs(profile['kl_to_ref']) < 1e-10               # sampled log-probs = the reference's
+    assert profile == arl.sample_profile(model, TASKS, tok, cfg, model, n=2, ks=(1,), seed=5)
+
+
+def test_sample_profile_pass_at_k_from_counted_wins(tok, monkeypatch):
+    """pass@k is the mean over tasks of pass_at_k(n, wins, k), wins counted from submitted hidden passes."""
+    wins_by_task = {TASKS[0].name: 0, TASKS[1].name: 1, TASKS[2].name: 3}
+    real = arl.sample_groups
+
+    def scripted(model, env_factory, tasks, tok, cfg, generator):
+        episodes = real(model, env_factory, tasks, tok, cfg, generator)
+        for i, t in enumerate(episodes):
+            wins = wins_by_task[tasks[i // cfg.group_size].name]
+            t.info.update(submitted=True, hidden_pass=(i % cfg.group_size) < wins)
+        return episodes
+
+    monkeypatch.setattr(arl, 'sample_groups', scripted)
+    model = _agent(tok, 0)
+    profile = arl.sample_profile(model, TASKS, tok, arl.RLConfig(max_turns=2), model, n=4, ks=(1, 2))
+    assert profile['pass@1'] == pytest.approx((0 + 1 / 4 + 3 / 4) / 3)
+    assert profile['pass@2'] == pytest.approx((0 + 0.5 + 1.0) / 3)
+
+
+@pytest.mark.parametrize('n, ks', [(0, (1,)), (4, ()), (4, (5,)), (4, (0, 1))])
+def test_sample_profile_rejects_bad_n_and_ks(tok, n, ks):
+    model = _agent(tok, 0)
+    with pytest.raises(ValueError, match=r'every k in \[1, n='):
+        arl.sample_profile(model, TASKS, tok, arl.RLConfig(), model, n=n, ks=ks)
+
+
+def test_sample_profile_kl_is_the_mean_over_episodes_of_the_summed_log_ratio(tok):
+    import dataclasses
+    cfg, model, ref = arl.RLConfig(max_turns=3), _agent(tok, 0), _agent(tok, 1)
+    settings = dataclasses.replace(cfg, group_size=3)
+    episodes = arl.sample_groups(model, lambda: arl.make_env(settings), TASKS, tok, settings,
+                                 torch.Generator().manual_seed(2))
+    want = 0.0
+    for t in episodes:                                    # one episode at a time, no batching
+        ids = t.ids[None]
+        ref_logp, _ = arl.token_log_probs(ref, ids, torch.tensor([len(t.ids)]), 1.0)
+        want += float(((t.sample_logp - ref_logp[0].detach()) * t.action_mask).sum()) / len(episodes)
+    profile = arl.sample_profile(model, TASKS, tok, cfg, ref, n=3, ks=(1,), seed=2)
+    assert profile['kl_to_ref'] == pytest.approx(want, abs=1e-10)
