@@ -86,7 +86,8 @@ def _parse_auto(text):
 def _field_option(field):
     """argparse keyword arguments (type, choices, metavar) for one RLConfig field."""
     choices = {'adv_mode': arl.ADV_MODES, 'ratio_level': arl.RATIO_LEVELS, 'kl_kind': arl.KL_KINDS,
-               'loss_mode': arl.LOSS_MODES, 'reward': arl.REWARDS}
+               'kl_placement': arl.KL_PLACEMENTS, 'loss_mode': arl.LOSS_MODES,
+               'reward': arl.REWARDS}
     if field.name in choices:
         return dict(type=str, choices=choices[field.name])
     if field.name == 'max_edits':
@@ -135,7 +136,6 @@ def build_parser():
 
 MAX_SEED = 2 ** 64 - 1          # torch.manual_seed accepts seeds in [0, 2**64 - 1] (and negatives)
 _RANGES = [  # (field, test, what it must be): values RLConfig accepts but training would fail on
-    ('kl_coef', lambda v: v >= 0, '0 or more'),
     ('max_grad_norm', lambda v: v > 0, 'positive'),
     ('norm_const', lambda v: v is None or v > 0, 'none or positive'),
     ('seed', lambda v: 0 <= v <= MAX_SEED, f'in [0, {MAX_SEED}]'),
