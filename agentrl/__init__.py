@@ -17,3 +17,4 @@ from .advantages import *  # book/07-advantages-and-credit.md
 from .ppo import *  # book/08-ppo.md
 from .grpo import *  # book/09-grpo.md
 from .regularization import *  # book/10-kl-entropy-regularization.md
+from .rewards import *  # book/11-rewards-and-verifiers.md

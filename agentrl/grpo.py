@@ -42,6 +42,7 @@ import copy
 import dataclasses
 import functools
 import multiprocessing
+import pickle
 import random
 import re
 from dataclasses import dataclass
@@ -470,26 +471,35 @@ def make_rl_base(tok, seed=0):
     return arl.make_base_agent(tok, seed, kinds=RL_BASE_KINDS)
 
 
-def train_copy(model, tasks, tok, fields, steps):
+def train_copy(model, tasks, tok, fields, steps, env_factory=None):
     """Train a copy of model with RLConfig(**fields) for `steps` steps -> (trained copy,
     history)."""
     model = copy.deepcopy(model)
-    history = train_rl(model, tasks, tok, RLConfig(**fields), steps)
+    history = train_rl(model, tasks, tok, RLConfig(**fields), steps,
+                       env_factory=env_factory)
     return model, history
 
 
-def train_many(model, tasks, tok, configs, steps, processes=2):
+def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=None):
     """A train_rl run of `steps` steps from a copy of model per config, in worker
-    processes -> [(model, history)]."""
+    processes -> [(model, history)]; env_factories: one per config, None = make_env."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
-    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps) for cfg in configs]
+    factories = list(env_factories or [None] * len(configs))
+    if len(factories) != len(configs):
+        raise ValueError(f'need one env factory per config: {len(factories)} for '
+                         f'{len(configs)} configs')
+    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps, factory)
+            for cfg, factory in zip(configs, factories)]
     if processes == 1 or len(jobs) == 1:
         return [train_copy(*job) for job in jobs]
-    for cfg in configs:
-        if callable(cfg.reward) and '<' in cfg.reward.__qualname__:
-            raise ValueError(f'reward {cfg.reward.__qualname__} cannot reach a worker '
-                             f'process; use a module-level function, or processes=1')
+    for what, value in [(name, v) for cfg, f in zip(configs, factories)
+                        for name, v in (('reward', cfg.reward), ('env factory', f))]:
+        try:
+            pickle.dumps(value)
+        except Exception:
+            raise ValueError(f'{what} {value!r} cannot reach a worker process; use a '
+                             f'module-level function, or processes=1') from None
     # a fresh interpreter: no state copied by fork
     context = multiprocessing.get_context('spawn')
     with context.Pool(min(processes, len(jobs)), initializer=torch.set_num_threads,

@@ -2,6 +2,7 @@
 renamed one-edit gym, the variants and the plotting helpers. Models are tiny fresh TinyAgents, so
 every test runs in well under a second or two."""
 import dataclasses
+import functools
 import itertools
 import math
 import random
@@ -841,9 +842,22 @@ def test_train_many_rejects_zero_processes_and_unpicklable_rewards(tok):
     with pytest.raises(ValueError, match='processes must be at least 1, got 0'):
         arl.train_many(tiny_agent(tok), TRAIN, tok, [small_cfg()], steps=1, processes=0)
     lam = small_cfg(reward=lambda info: 1.0)
-    with pytest.raises(ValueError, match=r'reward .*<lambda> cannot reach a worker process'):
+    with pytest.raises(ValueError, match=r'reward .*<lambda>.* cannot reach a worker process'):
         arl.train_many(tiny_agent(tok), TRAIN, tok, [lam, small_cfg()], steps=1, processes=2)
     assert len(arl.train_many(tiny_agent(tok), TRAIN, tok, [lam], steps=1, processes=2)) == 1   # one job: no workers
+
+
+def test_train_many_takes_one_env_factory_per_config(tok):
+    short = functools.partial(arl.EditBudgetEnv, max_turns=2)            # picklable: a partial of a class
+    configs = [small_cfg(seed=0), small_cfg(seed=1)]
+    runs = arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=2, processes=2, env_factories=[short, None])
+    assert all(h['turns'] <= 2 for h in runs[0][1]) and any(h['turns'] > 2 for h in runs[1][1])
+    serial = arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=2, processes=1, env_factories=[short, None])
+    assert [h for _, h in serial] == [h for _, h in runs]
+    with pytest.raises(ValueError, match='need one env factory per config: 1 for 2 configs'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, env_factories=[short])
+    with pytest.raises(ValueError, match=r'env factory .*<lambda>.* cannot reach a worker process'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, env_factories=[lambda: arl.BugFixEnv(), None])
 
 
 def test_train_rl_reproducible_and_history_keys(tok):
