@@ -45,6 +45,7 @@ import multiprocessing
 import pickle
 import random
 import re
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -480,6 +481,17 @@ def train_copy(model, tasks, tok, fields, steps, env_factory=None):
     return model, history
 
 
+def _reaches_workers(value):
+    """Whether a spawned worker can unpickle value: it must pickle, and not refer to the
+    __main__ of a notebook or console, which a worker cannot import."""
+    try:
+        data = pickle.dumps(value)
+    except Exception:
+        return False
+    interactive = not hasattr(sys.modules['__main__'], '__file__')
+    return not (interactive and b'__main__' in data)
+
+
 def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=None):
     """A train_rl run of `steps` steps from a copy of model per config, in worker
     processes -> [(model, history)]; env_factories: one per config, None = make_env."""
@@ -495,11 +507,9 @@ def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=Non
         return [train_copy(*job) for job in jobs]
     for what, value in [(name, v) for cfg, f in zip(configs, factories)
                         for name, v in (('reward', cfg.reward), ('env factory', f))]:
-        try:
-            pickle.dumps(value)
-        except Exception:
+        if not _reaches_workers(value):
             raise ValueError(f'{what} {value!r} cannot reach a worker process; use a '
-                             f'module-level function, or processes=1') from None
+                             f'module-level function, or processes=1')
     # a fresh interpreter: no state copied by fork
     context = multiprocessing.get_context('spawn')
     with context.Pool(min(processes, len(jobs)), initializer=torch.set_num_threads,

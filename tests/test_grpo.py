@@ -847,6 +847,26 @@ def test_train_many_rejects_zero_processes_and_unpicklable_rewards(tok):
     assert len(arl.train_many(tiny_agent(tok), TRAIN, tok, [lam], steps=1, processes=2)) == 1   # one job: no workers
 
 
+def test_train_many_rejects_a_notebooks_functions(tok, monkeypatch):
+    """A function of an interactive __main__ (a notebook, a console) pickles by reference but a
+    spawned worker cannot import it: refused up front instead of a pool that never returns."""
+    import sys
+    import types
+    notebook = types.ModuleType('__main__')                               # no __file__
+    monkeypatch.setitem(sys.modules, '__main__', notebook)
+
+    def reward(info):
+        return 1.0
+
+    reward.__module__, reward.__qualname__ = '__main__', 'reward'
+    notebook.reward = reward
+    cfg = small_cfg(reward=reward)
+    with pytest.raises(ValueError, match=r'reward .*reward.* cannot reach a worker process'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, [cfg, small_cfg()], steps=1, processes=2)
+    notebook.__file__ = 'script.py'                      # a script's __main__ is re-imported: allowed
+    assert arl.grpo._reaches_workers(reward)
+
+
 def test_train_many_takes_one_env_factory_per_config(tok):
     short = functools.partial(arl.EditBudgetEnv, max_turns=2)            # picklable: a partial of a class
     configs = [small_cfg(seed=0), small_cfg(seed=1)]
