@@ -110,7 +110,7 @@ def timed_steps(base, tasks, tok, cfg, steps, warmup):
         batch['n_turns'] = torch.tensor([float(t.info['n_turns']) for t in kept], dtype=arl.DTYPE)
         advantages = arl.compute_advantages(batch, cfg)
         t2 = time.perf_counter()
-        record.update(arl.rl_update(model, optimizer, batch, advantages, cfg, None, generator))
+        record.update(arl.rl_update(model, optimizer, batch, advantages, cfg, generator))
         t3, c3 = time.perf_counter(), time.process_time()
         if step >= warmup:
             rows.append(dict(total=t3 - t0, rollout=t1 - t0, forward=timers.forward, env=timers.env,
