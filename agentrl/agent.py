@@ -399,10 +399,14 @@ def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0,
             policy[b] += [1] * len(call)
             text = tok.decode([i for i in call if i != tok.end_id])
             observation, reward, done, info = envs[b].step(text)
+            obs = tok.encode(observation) + [tok.turn_id]
+            if not done and len(tokens[b]) + len(obs) + MAX_CALL_TOKENS > model.max_len:
+                # no room for the answer and one more call: the context is full
+                info = envs[b].final_info(False) | {'context_full': True}
+                done, reward = True, envs[b].reward_fn(info)
             if done:
                 results[b] = (reward, info)
                 continue
-            obs = tok.encode(observation) + [tok.turn_id]
             chunks[b] = call[-1:] + obs
             tokens[b] += obs
             policy[b] += [0] * len(obs)

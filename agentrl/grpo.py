@@ -16,6 +16,7 @@ __all__ = [
     'episode_kl',
     'kl_penalty',
     'policy_loss',
+    'Objective',
     'token_log_probs',
     'rl_update',
     'sample_step',
@@ -248,6 +249,21 @@ def policy_loss(logp, old_logp, advantages, mask, cfg):
                                cfg.clip_high, cfg.loss_mode, norm_const=norm_const)
 
 
+class Objective:
+    """What train_rl optimizes on a batch: advantages, then a loss. This chapter's
+    group advantages and clipped surrogate; later chapters subclass it."""
+
+    def advantages(self, batch, episodes, cfg):
+        """Advantages of the collated episodes: one per episode [B], or one per token
+        [B, T-1]."""
+        return compute_advantages(batch, cfg)
+
+    def loss(self, logp, batch, rows, advantages, cfg):
+        """Loss of the minibatch rows [R]: logp [R, T-1] -> (loss, stats)."""
+        return policy_loss(logp, batch['sample_logp'][rows], advantages,
+                           batch['action_mask'][rows], cfg)
+
+
 def token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows=None,
                     entropy_grad=False):
     """Log-prob of each next token at the sampling temperature, and the entropy:
@@ -276,13 +292,14 @@ def token_log_probs(model, ids, lengths, temperature, rows_per_pass=4, grad_rows
     return tuple(torch.cat(outputs)[back] for outputs in zip(*parts))
 
 
-def rl_update(model, optimizer, batch, advantages, cfg, generator=None):
+def rl_update(model, optimizer, batch, advantages, cfg, generator=None,
+              objective=Objective()):
     """cfg.epochs passes of cfg.minibatches clipped steps on one batch -> the steps'
     mean statistics."""
     # [B, T], [B, T-1], [B]
     ids, mask, lengths = batch['ids'], batch['action_mask'], batch['lengths']
-    # pi_old: recorded while sampling (Chapter 5); pi_ref: only with a KL term
-    old_logp, ref_logp = batch['sample_logp'], batch.get('ref_logp')
+    # pi_ref: only with a KL term
+    ref_logp = batch.get('ref_logp')
     kl_in_loss = ref_logp is not None and cfg.kl_placement == 'loss'
     # rows with advantage 0 need a gradient only for a term besides the policy loss
     every_row_learns = kl_in_loss or cfg.entropy_coef > 0
@@ -290,12 +307,13 @@ def rl_update(model, optimizer, batch, advantages, cfg, generator=None):
     for _ in range(cfg.epochs):
         for rows in torch.randperm(len(ids),
                                    generator=generator).chunk(cfg.minibatches):
-            learns = None if every_row_learns else advantages[rows] != 0
+            # a row learns if any of its advantages (one, or one per token) is not 0
+            learns = (None if every_row_learns
+                      else (advantages[rows] != 0).reshape(len(rows), -1).any(-1))
             logp, entropy = token_log_probs(model, ids[rows], lengths[rows],
                                             cfg.temperature, grad_rows=learns,
                                             entropy_grad=cfg.entropy_coef > 0)
-            loss, stats = policy_loss(logp, old_logp[rows], advantages[rows],
-                                      mask[rows], cfg)
+            loss, stats = objective.loss(logp, batch, rows, advantages[rows], cfg)
             if ref_logp is not None:
                 kl = arl.masked_mean(kl_penalty(logp, ref_logp[rows], cfg.kl_kind),
                                      mask[rows])
@@ -357,7 +375,7 @@ EVAL_SAMPLES = 4
 
 
 def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20,
-             env_factory=None, ref_model=None, callback=None):
+             env_factory=None, ref_model=None, callback=None, objective=Objective()):
     """Train model in place with group-relative RL for `steps` steps -> history:
     one dict of statistics per step."""
     if eval_every < 1:
@@ -376,7 +394,7 @@ def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_e
         record.update(behavior_stats(sampled))
         if kept:
             record.update(_learn_from(kept, model, optimizer, tok, cfg, ref_model,
-                                      generator))
+                                      generator, objective))
         last = step == steps - 1
         if eval_tasks is not None and (step % eval_every == 0 or last):
             record['eval_pass'] = evaluate(model, eval_tasks, tok, EVAL_SAMPLES,
@@ -391,7 +409,7 @@ def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_e
     return history
 
 
-def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator):
+def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator, objective):
     """Collate episodes, compute their advantages and run rl_update -> the update's
     statistics."""
     batch = arl.collate(episodes, tok.pad_id)
@@ -402,8 +420,9 @@ def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator):
         with torch.no_grad():
             batch['ref_logp'], _ = token_log_probs(ref_model, batch['ids'],
                                                    batch['lengths'], cfg.temperature)
-    return rl_update(model, optimizer, batch, compute_advantages(batch, cfg), cfg,
-                     generator)
+    return rl_update(model, optimizer, batch,
+                     objective.advantages(batch, episodes, cfg), cfg, generator,
+                     objective)
 
 
 def format_log_line(record):
@@ -472,12 +491,12 @@ def make_rl_base(tok, seed=0):
     return arl.make_base_agent(tok, seed, kinds=RL_BASE_KINDS)
 
 
-def train_copy(model, tasks, tok, fields, steps, env_factory=None):
+def train_copy(model, tasks, tok, fields, steps, env_factory=None, objective=None):
     """Train a copy of model with RLConfig(**fields) for `steps` steps -> (trained copy,
-    history)."""
+    history); objective None = Objective()."""
     model = copy.deepcopy(model)
     history = train_rl(model, tasks, tok, RLConfig(**fields), steps,
-                       env_factory=env_factory)
+                       env_factory=env_factory, objective=objective or Objective())
     return model, history
 
 
@@ -492,21 +511,26 @@ def _reaches_workers(value):
     return not (interactive and b'__main__' in data)
 
 
-def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=None):
+def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=None,
+               objectives=None):
     """A train_rl run of `steps` steps from a copy of model per config, in worker
-    processes -> [(model, history)]; env_factories: one per config, None = make_env."""
+    processes -> [(model, history)]; env_factories and objectives: one per config,
+    None = make_env and Objective()."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
     factories = list(env_factories or [None] * len(configs))
-    if len(factories) != len(configs):
-        raise ValueError(f'need one env factory per config: {len(factories)} for '
-                         f'{len(configs)} configs')
-    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps, factory)
-            for cfg, factory in zip(configs, factories)]
+    objectives = list(objectives or [None] * len(configs))
+    for name, values in (('env factory', factories), ('objective', objectives)):
+        if len(values) != len(configs):
+            raise ValueError(f'need one {name} per config: {len(values)} for '
+                             f'{len(configs)} configs')
+    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps, factory, objective)
+            for cfg, factory, objective in zip(configs, factories, objectives)]
     if processes == 1 or len(jobs) == 1:
         return [train_copy(*job) for job in jobs]
-    for what, value in [(name, v) for cfg, f in zip(configs, factories)
-                        for name, v in (('reward', cfg.reward), ('env factory', f))]:
+    for what, value in [(name, v) for cfg, f, o in zip(configs, factories, objectives)
+                        for name, v in (('reward', cfg.reward), ('env factory', f),
+                                        ('objective', o))]:
         if not _reaches_workers(value):
             raise ValueError(f'{what} {value!r} cannot reach a worker process; use a '
                              f'module-level function, or processes=1')

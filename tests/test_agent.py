@@ -442,3 +442,24 @@ def test_base_agent_plays_valid_episodes(tok, base):
     invalid = sum(t.info['actions'].count('invalid') for t in trajs) / len(trajs)
     assert invalid < 0.2
     assert stats['edits'] >= 1.0 and 0.05 <= stats['pass_rate'] <= 0.6
+
+
+def test_rollout_ends_an_episode_whose_context_is_full(tok):
+    """With room for the issue and one call but not for an answer and another call, every
+    episode ends after its first call: submitted, or unsubmitted with context_full."""
+    tasks = arl.make_tasks('train')[:6]
+    longest_issue = max(len(tok.encode(t.issue)) for t in tasks)
+    model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=0,
+                          max_len=longest_issue + 1 + arl.MAX_CALL_TOKENS + 3)
+    trajs = arl.rollout_batch(model, [arl.BugFixEnv() for _ in tasks], tasks, tok,
+                              generator=torch.Generator().manual_seed(0))
+    assert all(len(t.ids) <= model.max_len for t in trajs)
+    full = [t for t in trajs if t.info.get('context_full')]
+    assert full and all(t.info['n_turns'] == 1 and not t.info['submitted'] and t.reward == 0.0
+                        for t in full)
+    assert all(t.info['submitted'] for t in trajs if not t.info.get('context_full'))
+    roomy = arl.rollout_batch(arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2,
+                                            d_ff=32, seed=0),
+                              [arl.BugFixEnv() for _ in tasks], tasks, tok,
+                              generator=torch.Generator().manual_seed(0))
+    assert not any(t.info.get('context_full') for t in roomy)

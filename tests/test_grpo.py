@@ -976,3 +976,67 @@ def test_plot_histories():
     _, given_axes = plt.subplots(1, 1, squeeze=False)
     assert arl.plot_histories(histories, keys=('reward',), axes=given_axes[0])[0] is given_axes[0][0]
     plt.close('all')
+
+
+# ------------------------------------------------------------------------------- the objective seam
+
+class _PerToken(arl.Objective):
+    """The default advantages, copied onto every policy token: [B, T-1] instead of [B]."""
+
+    def advantages(self, batch, episodes, cfg):
+        return super().advantages(batch, episodes, cfg)[:, None] * batch['action_mask']
+
+
+def test_per_token_advantages_train_exactly_like_per_episode_ones(tok):
+    """The Objective seam and [B, T-1] advantages change nothing when they carry the same values."""
+    runs = []
+    for objective in (arl.Objective(), _PerToken()):
+        model = tiny_agent(tok)
+        history = arl.train_rl(model, TRAIN, tok, small_cfg(group_size=4), 3, objective=objective)
+        runs.append((history, [p.detach().clone() for p in model.parameters()]))
+    (history, params), (want, want_params) = runs
+    assert history == [pytest.approx(w, abs=1e-12) for w in want]
+    assert all((p - q).abs().max() < 1e-12 for p, q in zip(params, want_params))
+
+
+def test_rl_update_a_row_learns_if_any_token_advantage_is_nonzero(tok, monkeypatch):
+    cfg = small_cfg(group_size=4, minibatches=1)
+    batch, _ = _batch(tok, cfg, tiny_agent(tok, seed=3), seed=1)
+    adv = torch.zeros_like(batch['action_mask'])
+    first_policy_token = batch['action_mask'][1].nonzero()[0, 0]
+    adv[1, first_policy_token] = 0.5                          # one token of row 1 only
+    seen = []
+    plain = arl.grpo.token_log_probs
+
+    def spy(*args, grad_rows=None, **kwargs):
+        seen.append(grad_rows)
+        return plain(*args, grad_rows=grad_rows, **kwargs)
+
+    monkeypatch.setattr(arl.grpo, 'token_log_probs', spy)
+    model = tiny_agent(tok, seed=3)
+    stats = arl.rl_update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, adv, cfg,
+                          torch.Generator().manual_seed(0))
+    order = torch.randperm(len(adv), generator=torch.Generator().manual_seed(0))
+    assert seen[0].tolist() == (order == 1).tolist()
+    assert stats['grad_norm'] > 0
+
+
+def test_train_many_takes_one_objective_per_config(tok):
+    configs = [small_cfg(seed=0, max_turns=2), small_cfg(seed=0, max_turns=2)]
+    masked = arl.TruncationMasked()
+    runs = arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=2, processes=2,
+                          objectives=[masked, None])
+    serial = arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=2, processes=1,
+                            objectives=[masked, None])
+    assert [h for _, h in serial] == [h for _, h in runs]
+    alone = arl.train_rl(tiny_agent(tok), TRAIN, tok, configs[0], 2, objective=masked)
+    assert runs[0][1] == alone and runs[1][1] == arl.train_rl(tiny_agent(tok), TRAIN, tok,
+                                                              configs[1], 2)
+    with pytest.raises(ValueError, match='need one objective per config: 1 for 2 configs'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, objectives=[masked])
+
+    class Local(arl.Objective):
+        pass
+
+    with pytest.raises(ValueError, match=r'objective .*Local.* cannot reach a worker process'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, objectives=[Local(), None])
