@@ -365,24 +365,16 @@ class AnchorStates(arl.Objective):
                              'state before every call; MultiBugEnv logs them')
         returns = [call_returns(float(r), len(t.info['states']), self.gamma)
                    for r, t in zip(batch['rewards'], episodes)]
-        step = [None] * len(episodes)
+        step = [[0.0] * len(r) for r in returns]
         for group in _group_slices(len(episodes), cfg.group_size):
+            # state -> the (episode, call) pairs made from it in this group
             anchors = {}
             for i in range(len(episodes))[group]:
-                for state, g in zip(episodes[i].info['states'], returns[i]):
-                    anchors.setdefault(state, []).append(g)
-            for i in range(len(episodes))[group]:
-                step[i] = [_whitened_in(g, anchors[state]) for state, g
-                           in zip(episodes[i].info['states'], returns[i])]
+                for t, state in enumerate(episodes[i].info['states']):
+                    anchors.setdefault(state, []).append((i, t))
+            for calls in anchors.values():
+                for (i, t), a in zip(calls, whiten([returns[i][t] for i, t in calls])):
+                    step[i][t] = a
         mask = batch['action_mask']
         episode = super().advantages(batch, episodes, cfg)
         return episode[:, None] * mask + self.omega * per_call_to_tokens(step, mask)
-
-
-def _whitened_in(value, values):
-    """value whitened among values, which include it: (value - mean) / std; 0 if fewer
-    than two or all equal."""
-    x = torch.tensor(values, dtype=arl.DTYPE)
-    if len(values) < 2 or not x.std() > 0:
-        return 0.0
-    return float((value - x.mean()) / x.std())
