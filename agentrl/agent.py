@@ -178,17 +178,19 @@ class Block(nn.Module):
         B, T, D = x.shape
         return self.packed(x.reshape(B * T, D), [(B, T)]).view(B, T, D)
 
-    def packed(self, x, buckets):
+    def packed(self, x, buckets, biases=None):
         """Rows laid end to end, x [N, D], in buckets [(rows, T)] of rows
-        of T positions each -> [N, D]."""
+        of T positions each -> [N, D]; biases: one [rows, 1, T, T] per bucket,
+        None = causal."""
         N, D = x.shape
         qkv, start, attended = self.qkv(self.ln1(x)), 0, []
         # the linear layers see all N tokens; attention one bucket at a time
-        for rows, T in buckets:
+        for i, (rows, T) in enumerate(buckets):
             q, k, v = qkv[start:start + rows * T].view(
                 rows, T, 3, self.n_heads, -1).permute(2, 0, 3, 1, 4)
+            bias = _causal_bias(T, x.dtype) if biases is None else biases[i]
             # [rows, H, T, D/H]
-            y = _attention(q, k, v, _causal_bias(T, x.dtype))
+            y = _attention(q, k, v, bias)
             attended.append(y.transpose(1, 2).reshape(rows * T, D))
             start += rows * T
         return self._finish(x, torch.cat(attended))
@@ -231,9 +233,19 @@ class TinyAgent(nn.Module):
                 f'sequence length {longest} exceeds max_len {self.max_len}')
         x = self.embed(ids) + self.pos(torch.cat(
             [torch.arange(T).repeat(rows) for rows, T in buckets]))
+        biases = self.attention_biases(ids, buckets)
         for block in self.blocks:
-            x = block.packed(x, buckets)
+            x = block.packed(x, buckets, biases)
         return x
+
+    def attention_biases(self, ids, buckets):
+        """What each token may attend to, per bucket: None = itself and every earlier
+        token of its row (a subclass may hide some)."""
+        return None
+
+    def decoder(self, batch_size):
+        """The cached decoder rollout_batch samples with: _Lockstep."""
+        return _Lockstep(self, batch_size)
 
 
 def count_parameters(model):
@@ -279,9 +291,7 @@ class _Lockstep:
         rows = sorted(b for b, chunk in chunks.items() if chunk)
         if not rows:
             return self.logits
-        new = _NewTokens(rows, [len(chunks[b]) for b in rows],
-                         [self.lengths[b] for b in rows], self.B,
-                         self.logits.dtype)
+        new = self._layout(rows, chunks)
         if new.span > self.model.max_len:
             raise ValueError(f'sequence position {new.span - 1} exceeds max_len '
                              f'{self.model.max_len}')
@@ -298,6 +308,12 @@ class _Lockstep:
         for b in rows:
             self.lengths[b] += len(chunks[b])
         return self.logits
+
+    def _layout(self, rows, chunks):
+        """Where the fed rows' tokens go and what they attend to: _NewTokens
+        (a subclass may hide more)."""
+        return _NewTokens(rows, [len(chunks[b]) for b in rows],
+                          [self.lengths[b] for b in rows], self.B, self.logits.dtype)
 
     @staticmethod
     def _block(block, x, keys, values, new):
@@ -343,12 +359,14 @@ class _NewTokens:
             last.append(len(row) - 1)
         self.rows, self.row, self.pos, self.slot, self.last = map(
             torch.tensor, (rows, row, pos, slot, last))
+        # [G]: the batch row of each line; [G, W]: each query's position
+        self.line_rows = self.rows if few else torch.arange(batch_size)
+        self.query_pos = torch.tensor(query_pos).view(self.lines, W)
         # cache slots in use
         self.span = max(pos) + 1
         self.attend = self.rows if few else slice(None)
         # [G, 1, W, S]
-        hidden = (torch.arange(self.span)
-                  > torch.tensor(query_pos).view(self.lines, 1, W, 1))
+        hidden = torch.arange(self.span) > self.query_pos.view(self.lines, 1, W, 1)
         self.bias = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(
             hidden, float('-inf'))
 
@@ -370,7 +388,7 @@ def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0,
     # sampling log-prob of policy tokens
     logps = [[0.0] * len(t) for t in tokens]
     results = [None] * B
-    decoder = _Lockstep(model, B)
+    decoder = model.decoder(B)
     logits = decoder.feed(dict(enumerate(tokens)))
     for _ in range(max_turns):
         active = [b for b in range(B) if results[b] is None]

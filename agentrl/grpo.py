@@ -164,14 +164,18 @@ def sample_groups(model, env_factory, tasks, tok, cfg, generator):
 
 def episode_behavior(trajectory):
     """What one episode did: passed, reward, reads, tests, edits, first_edit_right,
-    turns, length (policy tokens)."""
+    turns, length (policy tokens), malformed (calls the gym could not carry out)."""
     info, ops = trajectory.info, trajectory.info['ops']
+    malformed = sum(action == 'invalid' or (action.startswith('edit ')
+                                            and action.split()[1] not in arl.EDIT_OPS)
+                    for action in info['actions'])
     return dict(pass_rate=float(info['submitted'] and info['hidden_pass']),
                 reward=float(trajectory.reward), reads=info['actions'].count('read'),
                 tests=info['actions'].count('test'), edits=len(ops),
                 first_edit_right=float(bool(ops)
                                        and ops[0] == arl.FIX_OP.get(info['task'])),
-                turns=info['n_turns'], length=float(trajectory.action_mask.sum()))
+                turns=info['n_turns'], length=float(trajectory.action_mask.sum()),
+                malformed=malformed)
 
 
 def behavior_stats(trajs):
