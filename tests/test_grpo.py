@@ -338,11 +338,12 @@ def test_behavior_stats_known_values():
         traj(1.0, 'clamp/clamp', True, True, ['read', 'edit swap_minmax', 'test', 'submit'], ['swap_minmax'], 4, 6),
         traj(0.0, 'clamp/pin', True, False, ['edit fix_init', 'submit'], ['fix_init'], 2, 3),
         traj(0.0, 'indexing/last', False, True, ['edit fix_index', 'read', 'read'], ['fix_index'], 3, 4),
-        traj(0.5, 'threshold/count_above', True, False, ['submit'], [], 1, 1),
+        traj(0.5, 'threshold/count_above', True, False, ['invalid', 'edit bogus', 'submit'], [], 1, 1),
     ]
     stats = arl.behavior_stats(trajs)
     assert set(stats) == {'pass_rate', 'reward', 'reads', 'tests', 'edits', 'first_edit_right', 'turns',
-                          'length'}
+                          'length', 'malformed'}
+    assert stats['malformed'] == 0.5                                        # 'invalid' and an unknown op
     assert stats['pass_rate'] == 0.25                                       # passing but unsubmitted: no
     assert stats['reward'] == pytest.approx(1.5 / 4)
     assert stats['reads'] == 0.75 and stats['tests'] == 0.25 and stats['edits'] == 0.75
