@@ -1,4 +1,5 @@
-"""Shared fixtures: the repo root and copies of the fixture book (tests/fixtures/book)."""
+"""Shared fixtures: the repo root and copies of the fixture book (tests/fixtures/book), and the
+garbage calls the environment fuzz tests send."""
 from __future__ import annotations
 
 import shutil
@@ -55,3 +56,15 @@ def recorded_copy(recorded_book, tmp_path) -> Path:
     dest = tmp_path / "book"
     shutil.copytree(recorded_book, dest, ignore=shutil.ignore_patterns("_build", "__pycache__"))
     return dest
+
+
+def garbage_call(rng, words) -> str:
+    """One call for an environment fuzz test: words strung at random (40%), random unicode
+    (10%), or a well-formed call (50%)."""
+    import agentrl as arl
+    kind = rng.random()
+    if kind < 0.4:
+        return ' '.join(rng.choice(words) for _ in range(rng.randint(0, 4)))
+    if kind < 0.5:
+        return ''.join(chr(rng.randint(0, 0x2FF)) for _ in range(rng.randint(0, 8)))
+    return rng.choice(['read', 'test', 'submit'] + [f'edit {op}' for op in arl.EDIT_OPS])

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
+from conftest import garbage_call
 from agentrl import horizons
 
 ONE, TWO, THREE = (arl.multi_tasks(n) for n in (1, 2, 3))
@@ -182,15 +183,7 @@ def test_env_fuzz_garbage_calls_never_raise(tok):
                               show_turns_left=rng.random() < 0.5)
         observation, done, turns = env.reset(task), False, 0
         while not done:
-            kind = rng.random()
-            if kind < 0.4:
-                text = ' '.join(rng.choice(words) for _ in range(rng.randint(0, 4)))
-            elif kind < 0.5:
-                text = ''.join(chr(rng.randint(0, 0x2FF)) for _ in range(rng.randint(0, 8)))
-            else:
-                text = rng.choice(['read', 'test', 'submit']
-                                  + [f'edit {op}' for op in arl.EDIT_OPS])
-            observation, reward, done, info = env.step(text)
+            observation, reward, done, info = env.step(garbage_call(rng, words))
             turns += 1
             assert isinstance(observation, str) and reward in (0.0, 1.0)
             assert set(observation.split()) <= set(tok.vocab)

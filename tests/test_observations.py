@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
+from conftest import garbage_call
 
 BY_NAME = {t.name: t for t in arl.make_tasks('all')}
 SUM_TO, LAST, PRODUCT, CLAMP = (BY_NAME[n] for n in (
@@ -212,15 +213,7 @@ def test_tool_env_fuzz_garbage_calls_never_raise(tok):
                           on_malformed=rng.choice(arl.ON_MALFORMED))
         observation, done, turns = env.reset(task), False, 0
         while not done:
-            kind = rng.random()
-            if kind < 0.4:
-                text = ' '.join(rng.choice(words) for _ in range(rng.randint(0, 4)))
-            elif kind < 0.5:
-                text = ''.join(chr(rng.randint(0, 0x2FF)) for _ in range(rng.randint(0, 8)))
-            else:
-                text = rng.choice(['read', 'test', 'submit']
-                                  + [f'edit {op}' for op in arl.EDIT_OPS])
-            observation, reward, done, info = env.step(text)
+            observation, reward, done, info = env.step(garbage_call(rng, words))
             turns += 1
             assert isinstance(observation, str)
             assert reward in ((0.0, 1.0, arl.MALFORMED_PENALTY) if done else (0.0,))
