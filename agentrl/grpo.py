@@ -516,10 +516,11 @@ def _reaches_workers(value):
 
 
 def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=None,
-               objectives=None):
+               objectives=None, executor=None):
     """A train_rl run of `steps` steps from a copy of model per config, in worker
     processes -> [(model, history)]; env_factories and objectives: one per config,
-    None = make_env and Objective()."""
+    None = make_env and Objective(); executor(train_copy, jobs) -> results in order
+    runs the jobs elsewhere (None: a local pool of `processes`)."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
     factories = list(env_factories or [None] * len(configs))
@@ -530,7 +531,7 @@ def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=Non
                              f'{len(configs)} configs')
     jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps, factory, objective)
             for cfg, factory, objective in zip(configs, factories, objectives)]
-    if processes == 1 or len(jobs) == 1:
+    if executor is None and (processes == 1 or len(jobs) == 1):
         return [train_copy(*job) for job in jobs]
     for what, value in [(name, v) for cfg, f, o in zip(configs, factories, objectives)
                         for name, v in (('reward', cfg.reward), ('env factory', f),
@@ -538,6 +539,8 @@ def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=Non
         if not _reaches_workers(value):
             raise ValueError(f'{what} {value!r} cannot reach a worker process; use a '
                              f'module-level function, or processes=1')
+    if executor is not None:
+        return executor(arl.train_copy, jobs)
     # a fresh interpreter: no state copied by fork
     context = multiprocessing.get_context('spawn')
     with context.Pool(min(processes, len(jobs)), initializer=torch.set_num_threads,
