@@ -20,3 +20,4 @@ from .regularization import *  # book/10-kl-entropy-regularization.md
 from .rewards import *  # book/11-rewards-and-verifiers.md
 from .horizons import *  # book/12-multi-turn-and-long-horizons.md
 from .observations import *  # book/13-tools-and-observations.md
+from .scaling import *  # book/14-scaling-and-efficiency.md
