@@ -10,6 +10,8 @@ __all__ = [
     'VERL_KL',
     'to_trl',
     'to_verl',
+    'padding_shares',
+    'decode_work',
 ]
 
 
@@ -175,3 +177,27 @@ def to_verl(cfg):
 def _hydra(value):
     """A value as Hydra reads it on the command line."""
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def padding_shares(lengths, rows_per_pass=4):
+    """Share of the tokens a forward pass processes that are padding: padded to the batch's
+    longest row, and in buckets of rows_per_pass similar lengths -> (padded, bucketed)."""
+    lengths = sorted(int(n) for n in lengths)
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f'need at least one row of positive length, got {lengths}')
+    real = sum(lengths)
+    padded = len(lengths) * lengths[-1]
+    buckets = [lengths[i:i + rows_per_pass] for i in range(0, len(lengths), rows_per_pass)]
+    bucketed = sum(len(b) * b[-1] for b in buckets)
+    return 1 - real / padded, 1 - real / bucketed
+
+
+def decode_work(trajs):
+    """Token positions a rollout computes: with a KV cache (each token once) and without
+    one (every prefix again for each sampled token) -> (cached, recomputed)."""
+    cached = recomputed = 0
+    for t in trajs:
+        mask = [0, *t.action_mask.long().tolist()]     # 1 where ids[p] was sampled
+        cached += len(mask)
+        recomputed += sum(p for p, sampled in enumerate(mask) if sampled)
+    return cached, recomputed

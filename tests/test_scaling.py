@@ -96,3 +96,17 @@ def test_to_verl_known_overrides():
                                             kl_placement='reward'))
     assert 'algorithm.norm_adv_by_std_in_grpo=false' in overrides
     assert 'algorithm.use_kl_in_reward=true' in overrides
+
+
+def test_padding_shares_known_values():
+    # rows of 2, 4, 4, 10: padded to 10 -> 40 slots for 20 tokens; buckets of 2 -> 2*4 + 2*10
+    assert arl.padding_shares([4, 10, 2, 4], rows_per_pass=2) == (0.5, 1 - 20 / 28)
+    assert arl.padding_shares([5, 5]) == (0.0, 0.0)
+    with pytest.raises(ValueError, match='positive length'):
+        arl.padding_shares([3, 0])
+
+
+def test_decode_work_counts_each_prefix_once_per_sampled_token():
+    mask = torch.tensor([0, 1, 1, 0, 1], dtype=arl.DTYPE)   # ids[2], ids[3], ids[5] sampled
+    traj = arl.Trajectory(torch.zeros(6, dtype=torch.long), mask, 0.0, {})
+    assert arl.decode_work([traj, traj]) == (12, 2 * (2 + 3 + 5))
