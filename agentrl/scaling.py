@@ -12,6 +12,10 @@ __all__ = [
     'to_verl',
     'padding_shares',
     'decode_work',
+    'single_turn_prompts',
+    'hf_tokenizer',
+    'tiny_llama',
+    'SingleTurnReward',
 ]
 
 
@@ -201,3 +205,54 @@ def decode_work(trajs):
         cached += len(mask)
         recomputed += sum(p for p, sampled in enumerate(mask) if sampled)
     return cached, recomputed
+
+
+def single_turn_prompts(tasks):
+    """One prompt per task for a single-turn trainer: the issue, the whole source and the
+    word 'edit'; the completion should be the fix op -> {prompt: task}."""
+    return {f"{t.issue} {arl.compact_source(t.source).replace(chr(10), ' ')} edit": t
+            for t in tasks}
+
+
+def hf_tokenizer(tok):
+    """Our word-level vocabulary as a transformers PreTrainedTokenizerFast (no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    core = Tokenizer(models.WordLevel(tok.index, unk_token='<unk>'))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token='<pad>',
+                                   unk_token='<unk>', eos_token='<end>', bos_token='<turn>')
+
+
+def tiny_llama(vocab_size, seed=0, dtype=None):
+    """A randomly initialized LlamaForCausalLM about TinyAgent's size (d 64, 2 layers)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=176,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                         max_position_embeddings=128, pad_token_id=0, bos_token_id=2,
+                         eos_token_id=3)
+    return LlamaForCausalLM(config).to(dtype or torch.float32)
+
+
+class SingleTurnReward:
+    """TRL reward function: 1.0 when the completion's first word is an op that makes the
+    prompt's task pass its hidden tests."""
+
+    def __init__(self, tasks):
+        self.by_prompt = single_turn_prompts(tasks)
+        self.__name__ = 'bugfix_hidden_tests'
+
+    def __call__(self, prompts, completions, **kwargs):
+        rewards = []
+        for prompt, completion in zip(prompts, completions):
+            task, words = self.by_prompt[prompt], completion.split()
+            op = words[0] if words else ''
+            if op not in arl.EDIT_OPS:
+                rewards.append(0.0)
+                continue
+            source = arl.EDIT_OPS[op](task.source, task.public_tests)
+            results = arl.run_tests(source, task.hidden_tests, task.fn_name)
+            rewards.append(float(all(ok for ok, _ in results)))
+        return rewards

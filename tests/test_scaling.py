@@ -110,3 +110,24 @@ def test_decode_work_counts_each_prefix_once_per_sampled_token():
     mask = torch.tensor([0, 1, 1, 0, 1], dtype=arl.DTYPE)   # ids[2], ids[3], ids[5] sampled
     traj = arl.Trajectory(torch.zeros(6, dtype=torch.long), mask, 0.0, {})
     assert arl.decode_work([traj, traj]) == (12, 2 * (2 + 3 + 5))
+
+
+def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
+    from datasets import Dataset
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    tasks = arl.make_tasks('train')
+    reward = arl.SingleTurnReward(tasks)
+    first = next(iter(reward.by_prompt))
+    assert reward([first, first], [f'{tasks[0].fix_op}', 'read']) == [1.0, 0.0]
+    cfg = arl.RLConfig(group_size=4, prompts_per_step=2, lr=1e-3)
+    kwargs, _ = arl.to_trl(cfg)
+    args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2,
+                          max_completion_length=3, report_to='none', save_strategy='no',
+                          logging_steps=1, disable_tqdm=True, **kwargs)
+    trainer = trl.GRPOTrainer(model=arl.tiny_llama(len(tok)), reward_funcs=reward, args=args,
+                              train_dataset=Dataset.from_list(
+                                  [{'prompt': p} for p in reward.by_prompt]),
+                              processing_class=arl.hf_tokenizer(tok))
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if 'reward' in h]
+    assert logged and all(0.0 <= h['reward'] <= 1.0 for h in logged)   # one per generation
