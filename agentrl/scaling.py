@@ -10,6 +10,7 @@ __all__ = [
     'VERL_KL',
     'to_trl',
     'to_verl',
+    'to_openrlhf',
     'padding_shares',
     'decode_work',
     'single_turn_prompts',
@@ -176,6 +177,34 @@ def to_verl(cfg):
         missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
                                   f'{cfg.minibatches} minibatches of whole groups')
     return [f'{key}={_hydra(value)}' for key, value in pairs], missing
+
+
+def to_openrlhf(cfg):
+    """OpenRLHF command-line flags for cfg (its dotted flags, 2026-08) -> ([flag, value, ...],
+    {field: why not carried})."""
+    estimator = {'grpo': 'group_norm', 'mean': 'group_norm', 'rloo': 'rloo'}[cfg.adv_mode]
+    flags = ['--rollout.n_samples_per_prompt', str(cfg.group_size),
+             '--algo.advantage.estimator', estimator,
+             '--actor.eps_clip_low_high', str(cfg.clip_low), str(cfg.clip_high)]
+    if cfg.adv_mode == 'mean':
+        flags.append('--algo.advantage.no_std_norm')
+    if cfg.ratio_level == 'sequence':
+        flags += ['--actor.policy_loss_type', 'gspo']
+    if cfg.kl_coef:
+        flags += ['--algo.kl.estimator', cfg.kl_kind, '--algo.kl.init_coef', str(cfg.kl_coef)]
+        if cfg.kl_placement == 'loss':
+            flags.append('--algo.kl.use_loss')
+    if cfg.dynamic_sampling:
+        flags += ['--algo.dynamic_filtering_enable', '--algo.dynamic_filtering_range', '0', '1']
+    if cfg.overlong_buffer:
+        flags += ['--reward.overlong_buffer_len', str(cfg.overlong_buffer)]
+    missing = {name: 'the environment: an OpenRLHF agent function or reward function'
+               for name in ENVIRONMENT_FIELDS}
+    unknown = ('prompts_per_step', 'minibatches', 'epochs', 'temperature', 'lr',
+               'max_grad_norm', 'loss_mode', 'entropy_coef', 'seed')
+    missing.update({name: 'not in our table of OpenRLHF flags: look it up in '
+                          '`python -m openrlhf.cli.train_ppo_ray --help`' for name in unknown})
+    return flags, missing
 
 
 def _hydra(value):

@@ -131,3 +131,14 @@ def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
     trainer.train()
     logged = [h for h in trainer.state.log_history if 'reward' in h]
     assert logged and all(0.0 <= h['reward'] <= 1.0 for h in logged)   # one per generation
+
+
+def test_to_openrlhf_known_flags_and_reports_the_rest():
+    flags, missing = arl.to_openrlhf(arl.RLConfig(clip_high=0.28, kl_coef=0.01,
+                                                  dynamic_sampling=True))
+    text = ' '.join(flags)
+    assert '--rollout.n_samples_per_prompt 8' in text
+    assert '--actor.eps_clip_low_high 0.2 0.28' in text
+    assert '--algo.kl.estimator k3 --algo.kl.init_coef 0.01 --algo.kl.use_loss' in text
+    assert '--algo.dynamic_filtering_enable' in text
+    assert {'lr', 'temperature', *arl.ENVIRONMENT_FIELDS} <= set(missing)
