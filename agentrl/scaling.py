@@ -2,27 +2,361 @@
 
 
 __all__ = [
+    'median_seconds',
+    'approx',
+    'profile_steps',
+    'OP_KINDS',
+    'PHASES',
+    'cpu_profile',
+    'op_breakdown',
+    'linear_flops',
+    'gemm_rate',
+    'step_floor_flops',
+    'decode_work',
+    'greedy_cached',
+    'greedy_recomputed',
+    'padding_shares',
+    'padded_log_probs',
     'check_reachable',
     'RayExecutor',
+    'one_by_one',
     'ENVIRONMENT_FIELDS',
     'TRL_LOSS',
     'VERL_LOSS',
     'VERL_KL',
+    'OVERLONG_IN_TURNS',
     'to_trl',
     'to_verl',
     'to_openrlhf',
-    'padding_shares',
-    'decode_work',
     'single_turn_prompts',
     'hf_tokenizer',
     'tiny_llama',
     'SingleTurnReward',
+    'step_clock',
 ]
 
 
+import collections
+import contextlib
+import copy
+import functools
+import logging
+import os
 import socket
+import statistics
+import sys
+import time
+import warnings
+
+import torch
 
 import agentrl as arl
+
+
+def median_seconds(fn, repeats=5, warmup=1):
+    """Median wall-clock seconds of fn() over `repeats` calls after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def approx(value, unit=''):
+    """A measured speed as the book prints it, '≈' + value (+ unit): this machine's, so
+    nbval ignores the value (tools/nbval_sanitize.cfg)."""
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f'≈{value:.{digits}f}' + (f' {unit}' if unit else '')
+
+
+class _Clock:
+    """Seconds and counts per named part; each timed part is also a torch.profiler
+    range of that name."""
+
+    def __init__(self):
+        self.seconds = collections.defaultdict(float)
+        self.counts = collections.defaultdict(int)
+
+    @contextlib.contextmanager
+    def part(self, name):
+        start = time.perf_counter()
+        with torch.profiler.record_function(name):
+            try:
+                yield
+            finally:
+                self.seconds[name] += time.perf_counter() - start
+
+
+class _TimedEnv:
+    """An environment whose reset and step count as the part 'environment'."""
+
+    def __init__(self, env, clock):
+        self._env, self._clock = env, clock
+
+    def reset(self, task):
+        with self._clock.part('environment'):
+            return self._env.reset(task)
+
+    def step(self, text):
+        with self._clock.part('environment'):
+            return self._env.step(text)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+
+class _TimedDecoder:
+    """A cached decoder whose feeds count as the part 'model', with the tokens fed."""
+
+    def __init__(self, decoder, clock):
+        self._decoder, self._clock = decoder, clock
+
+    def feed(self, chunks):
+        self._clock.counts['fed'] += sum(len(chunk) for chunk in chunks.values())
+        with self._clock.part('model'):
+            return self._decoder.feed(chunks)
+
+    def __getattr__(self, name):
+        return getattr(self._decoder, name)
+
+
+class _MarkedObjective(arl.Objective):
+    """An objective that calls on_update(batch, advantages) where a step's update
+    begins, and otherwise defers to inner."""
+
+    def __init__(self, inner, on_update):
+        self.inner, self.on_update = inner, on_update
+
+    def advantages(self, batch, episodes, cfg):
+        advantages = self.inner.advantages(batch, episodes, cfg)
+        self.on_update(batch, advantages)
+        return advantages
+
+    def loss(self, logp, batch, rows, advantages, cfg):
+        return self.inner.loss(logp, batch, rows, advantages, cfg)
+
+
+class _Phases:
+    """train_rl's steps cut into the phases 'sampling' and 'update' (seconds, and
+    torch.profiler ranges), from the two seams that see their boundaries."""
+
+    def __init__(self, clock):
+        self.clock, self.rows = clock, []
+        self._range, self._marks = None, {}
+
+    def _enter(self, name):
+        """Close the open phase; open `name` (None: none) and note when it began."""
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+        self._range = torch.profiler.record_function(name) if name else None
+        if self._range is not None:
+            self._range.__enter__()
+        self._marks[name] = time.perf_counter()
+
+    def start(self):
+        """A step's sampling begins."""
+        self._enter('sampling')
+
+    def on_update(self, batch, advantages):
+        """The update begins: count its tokens (learned: advantage != 0)."""
+        self._enter('update')
+        learns = advantages != 0
+        self.clock.counts['learned'] += int(batch['lengths'][learns].sum())
+        self.clock.counts['scored'] += int(batch['lengths'][~learns].sum())
+
+    def on_step(self, record):
+        """The step ends: one row of seconds and counts."""
+        now, marks = time.perf_counter(), self._marks
+        row = dict(self.clock.seconds, **self.clock.counts,
+                   sampling=marks['update'] - marks['sampling'],
+                   update=now - marks['update'], total=now - marks['sampling'])
+        row['sampling, rest'] = (row['sampling'] - row.get('model', 0)
+                                 - row.get('environment', 0))
+        self.rows.append(row)
+        self.clock.seconds.clear()
+        self.clock.counts.clear()
+        self.start()
+
+    def stop(self):
+        self._enter(None)
+
+
+def profile_steps(model, tasks, tok, cfg, steps=4, env_factory=None,
+                  objective=arl.Objective()):
+    """train_rl for `steps` steps on a copy of model, timed through its seams (env
+    factory, model.decoder, objective, callback) -> (one dict per step of seconds per
+    part and the token counts fed/learned/scored, the run's history)."""
+    model, clock = copy.deepcopy(model), _Clock()
+    env_factory = env_factory or functools.partial(arl.make_env, cfg)
+    untimed = model.decoder
+    model.decoder = lambda batch_size: _TimedDecoder(untimed(batch_size), clock)
+    phases = _Phases(clock)
+    phases.start()
+    try:
+        history = arl.train_rl(model, tasks, tok, cfg, steps,
+                               env_factory=lambda: _TimedEnv(env_factory(), clock),
+                               objective=_MarkedObjective(objective, phases.on_update),
+                               callback=phases.on_step)
+    finally:
+        phases.stop()
+    return phases.rows, history
+
+
+OP_KINDS = {
+    'matrix multiplies': ('aten::mm', 'aten::addmm'),
+    'attention': ('aten::bmm', 'aten::baddbmm', 'aten::_softmax',
+                  'aten::_softmax_backward_data'),
+    'copies and cache writes': ('aten::copy_', 'aten::fill_', 'aten::zero_',
+                                'aten::index', 'aten::_index_put_impl_', 'aten::cat',
+                                'aten::clone', 'aten::empty', 'aten::empty_strided')}
+PHASES = ('model', 'environment', 'sampling', 'update')
+
+
+def _op_kind(name):
+    """The OP_KINDS kind of a torch op name, else 'other tensor ops'."""
+    return next((kind for kind, ops in OP_KINDS.items() if name in ops),
+                'other tensor ops')
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+    """Inside the block, the process's stderr (fd 2, C++ too) goes to /dev/null."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, 'w') as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+@contextlib.contextmanager
+def cpu_profile():
+    """torch.profiler over the block, CPU ops -> the profiler. torch 2.13 prints a
+    timestamped line to stderr when profiling starts and stops; those two go nowhere."""
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with _stderr_to_devnull():
+        profiler.__enter__()
+    try:
+        yield profiler
+    finally:
+        with _stderr_to_devnull():
+            profiler.__exit__(None, None, None)
+
+
+def op_breakdown(events):
+    """torch.profiler events of profile_steps -> {(phase, kind): seconds}: each op's own
+    time, under the innermost of PHASES around it; a phase's own time (outside every op)
+    is its kind 'Python'."""
+    seconds = collections.defaultdict(float)
+    for event in events:
+        if event.name in PHASES:
+            phase, kind = event.name, 'Python'
+        else:
+            parent = event.cpu_parent
+            while parent is not None and parent.name not in PHASES:
+                parent = parent.cpu_parent
+            if parent is None:
+                continue
+            phase, kind = parent.name, _op_kind(event.name)
+        seconds[phase, kind] += event.self_cpu_time_total / 1e6
+    return dict(seconds)
+
+
+def linear_flops(model):
+    """FLOPs (2 per multiply-add) of one token through model's nn.Linear layers."""
+    return sum(2 * m.in_features * m.out_features for m in model.modules()
+               if isinstance(m, torch.nn.Linear))
+
+
+def gemm_rate(model, rows=(256, 1024, 2048), repeats=20):
+    """This machine's best matrix-multiply speed on model's linear layer shapes and
+    dtype, over batches of `rows` tokens -> FLOP/s."""
+    shapes = [(m.in_features, m.out_features) for m in model.modules()
+              if isinstance(m, torch.nn.Linear)]
+    dtype, best = model.head.weight.dtype, 0.0
+    for n in rows:
+        flops = seconds = 0.0
+        for n_in, n_out in shapes:
+            x = torch.randn(n, n_in, dtype=dtype)
+            w = torch.randn(n_out, n_in, dtype=dtype)
+            seconds += median_seconds(lambda: torch.nn.functional.linear(x, w),
+                                      repeats, warmup=2)
+            flops += 2 * n * n_in * n_out
+        best = max(best, flops / seconds)
+    return best
+
+
+def step_floor_flops(model, row):
+    """A step's matrix-multiply work from a profile_steps row: every fed token once
+    forward, learned tokens forward + backward (3 forwards), scored ones forward."""
+    return linear_flops(model) * (row['fed'] + 3 * row['learned'] + row['scored'])
+
+
+def decode_work(trajs):
+    """Token positions a rollout computes: with a KV cache (each token once) and without
+    one (every prefix again for each sampled token) -> (cached, recomputed)."""
+    cached = recomputed = 0
+    for t in trajs:
+        mask = [0, *t.action_mask.long().tolist()]     # 1 where ids[p] was sampled
+        cached += len(mask)
+        recomputed += sum(p for p, sampled in enumerate(mask) if sampled)
+    return cached, recomputed
+
+
+def greedy_cached(model, prompts, new_tokens):
+    """Greedy continuation through model's cached decoder: prompts [B, P] ->
+    (ids [B, P + new_tokens], logits at each new position [B, new_tokens, V])."""
+    decoder = model.decoder(len(prompts))
+    logits = decoder.feed({b: row.tolist() for b, row in enumerate(prompts)})
+    ids, seen = prompts, []
+    for _ in range(new_tokens):
+        seen.append(logits.clone())
+        chosen = logits.argmax(-1)
+        ids = torch.cat([ids, chosen[:, None]], 1)
+        logits = decoder.feed({b: [int(t)] for b, t in enumerate(chosen)})
+    return ids, torch.stack(seen, 1)
+
+
+def greedy_recomputed(model, prompts, new_tokens):
+    """The same continuation with no cache: the whole sequence through the model for
+    every new token -> (ids [B, P + new_tokens], logits [B, new_tokens, V])."""
+    ids, seen = prompts, []
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits = model(ids)[:, -1]
+            seen.append(logits)
+            ids = torch.cat([ids, logits.argmax(-1)[:, None]], 1)
+    return ids, torch.stack(seen, 1)
+
+
+def padding_shares(lengths, rows_per_pass=4):
+    """Share of the tokens a forward pass processes that are padding, lengths [B]:
+    padded to the longest row, and in buckets of rows_per_pass similar lengths ->
+    (padded, bucketed)."""
+    lengths = sorted(int(n) for n in lengths)
+    if not lengths or min(lengths) < 1:
+        raise ValueError(f'need at least one row of positive length, got {lengths}')
+    real = sum(lengths)
+    padded = len(lengths) * lengths[-1]
+    buckets = [lengths[i:i + rows_per_pass]
+               for i in range(0, len(lengths), rows_per_pass)]
+    bucketed = sum(len(b) * b[-1] for b in buckets)
+    return 1 - real / padded, 1 - real / bucketed
+
+
+def padded_log_probs(model, ids, lengths, temperature=1.0):
+    """Log-prob of each next token from one padded forward pass over the whole batch:
+    ids [B, T], lengths [B] -> [B, T-1], 0 past a row's length."""
+    logp = torch.log_softmax(model(ids)[:, :-1] / temperature, -1)
+    taken = logp.gather(2, ids[:, 1:, None])[..., 0]
+    inside = torch.arange(ids.shape[1] - 1) < (lengths[:, None] - 1)
+    return taken * inside
 
 
 def _run_with_threads(threads, fn, *args):
@@ -33,10 +367,12 @@ def _run_with_threads(threads, fn, *args):
 
 
 def check_reachable(address, timeout=5.0):
-    """Fail fast if nothing listens at a Ray 'host:port' (ray.init retries for minutes)."""
+    """Fail fast if nothing listens at a Ray 'host:port' (ray.init would retry for
+    minutes)."""
     host, _, port = address.rpartition(':')
     if not host or not port.isdigit():
-        raise ValueError(f"a Ray address is 'host:port', 'auto' or None, got {address!r}")
+        raise ValueError(f"a Ray address is 'host:port', 'auto' or None, "
+                         f"got {address!r}")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as error:
@@ -55,14 +391,20 @@ class RayExecutor:
 
     def connect(self):
         """Start or join Ray, once per process -> the ray module."""
-        import ray
-        if not ray.is_initialized():
-            ray.init(address=self.address, num_cpus=self.num_cpus, include_dashboard=False,
-                     log_to_driver=False, logging_level='error')
+        # Ray's notes in a notebook without ipywidgets: a tqdm warning, an INFO line
+        logging.getLogger('ray.widgets.util').setLevel(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            import ray
+            if not ray.is_initialized():
+                ray.init(address=self.address, num_cpus=self.num_cpus,
+                         include_dashboard=False, log_to_driver=False,
+                         logging_level='error')
         return ray
 
     def __call__(self, fn, jobs):
-        """fn(*job) for every job as Ray tasks, gathered once -> results in job order."""
+        """fn(*job) for every job as Ray tasks, gathered once -> results in job
+        order."""
         import torch
         ray = self.connect()
         task = ray.remote(num_cpus=1, max_retries=0)(_run_with_threads)
@@ -74,7 +416,8 @@ class RayExecutor:
             failed = [i for i, ref in enumerate(refs) if ref in ready
                       and _raises(ray, ref)]
             raise RuntimeError(f'jobs {failed} of {len(jobs)} failed on Ray '
-                               f'({type(error).__name__}); no result is returned') from error
+                               f'({type(error).__name__}); no result is returned'
+                               ) from error
 
 
 def _raises(ray, ref):
@@ -86,13 +429,24 @@ def _raises(ray, ref):
     return False
 
 
-# RLConfig fields that describe the environment or our sampler, not the trainer's algorithm
+def one_by_one(executor):
+    """An executor with the classic Ray mistake: ray.get inside the submitting loop,
+    so each task waits for the one before it (for the book's comparison)."""
+    def run(fn, jobs):
+        ray = executor.connect()
+        task = ray.remote(num_cpus=1, max_retries=0)(_run_with_threads)
+        return [ray.get(task.remote(torch.get_num_threads(), fn, *job)) for job in jobs]
+    return run
+
+
+# RLConfig fields that describe the environment, not the trainer's algorithm
 ENVIRONMENT_FIELDS = ('max_turns', 'rename', 'max_edits', 'reward')
 TRL_LOSS = {'token_mean': 'dapo', 'seq_mean_token_mean': 'grpo', 'constant': 'dr_grpo'}
 VERL_LOSS = {'token_mean': 'token-mean', 'seq_mean_token_mean': 'seq-mean-token-mean',
              'seq_mean_token_sum': 'seq-mean-token-sum',
              'constant': 'seq-mean-token-sum-norm'}
 VERL_KL = {'k1': 'kl', 'k2': 'mse', 'k3': 'low_var_kl'}
+OVERLONG_IN_TURNS = 'our buffer counts turns, the trainers\' count response tokens'
 
 
 def _per_step(cfg):
@@ -107,23 +461,26 @@ def _per_step(cfg):
 def to_trl(cfg):
     """TRL GRPOConfig keyword arguments for cfg (trl 1.16) -> (kwargs, {field: why not
     carried})."""
-    kwargs = dict(num_generations=cfg.group_size, per_device_train_batch_size=_per_step(cfg),
+    kwargs = dict(num_generations=cfg.group_size,
+                  per_device_train_batch_size=_per_step(cfg),
                   steps_per_generation=cfg.minibatches, num_iterations=cfg.epochs,
                   temperature=cfg.temperature, epsilon=cfg.clip_low,
                   epsilon_high=cfg.clip_high, importance_sampling_level=cfg.ratio_level,
-                  learning_rate=cfg.lr, max_grad_norm=cfg.max_grad_norm, seed=cfg.seed,
-                  beta=0.0)
+                  learning_rate=cfg.lr, lr_scheduler_type='constant',
+                  max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, beta=0.0)
     missing = {name: 'the environment: TRL samples one completion per prompt; port it '
                      'into the reward function or a rollout function'
                for name in ENVIRONMENT_FIELDS}
     if cfg.adv_mode == 'rloo':
-        missing['adv_mode'] = "GRPOTrainer has no leave-one-out baseline (TRL's RLOOTrainer)"
+        missing['adv_mode'] = ("GRPOTrainer has no leave-one-out baseline "
+                               "(TRL's RLOOTrainer)")
     else:
         kwargs['scale_rewards'] = 'group' if cfg.adv_mode == 'grpo' else 'none'
     if cfg.loss_mode in TRL_LOSS:
         kwargs['loss_type'] = TRL_LOSS[cfg.loss_mode]
     else:
-        missing['loss_mode'] = f'no TRL loss_type sums tokens per sequence ({cfg.loss_mode})'
+        missing['loss_mode'] = (f'no TRL loss_type sums tokens per sequence '
+                                f'({cfg.loss_mode})')
     if cfg.kl_coef and (cfg.kl_kind, cfg.kl_placement) == ('k3', 'loss'):
         kwargs['beta'] = cfg.kl_coef
     elif cfg.kl_coef:
@@ -131,11 +488,11 @@ def to_trl(cfg):
     if cfg.entropy_coef:
         missing['entropy_coef'] = 'GRPOTrainer has no entropy bonus'
     if cfg.dynamic_sampling:
-        missing['dynamic_sampling'] = ('no flag; TRL logs frac_reward_zero_std, the share '
-                                       'of groups it would filter')
+        missing['dynamic_sampling'] = ('no flag; TRL logs frac_reward_zero_std, the '
+                                       'share of groups it would filter')
     if cfg.overlong_buffer:
-        missing['overlong_buffer'] = ('a reward function, '
-                                      'trl.rewards.get_soft_overlong_punishment')
+        missing['overlong_buffer'] = OVERLONG_IN_TURNS + (
+            '; TRL: a reward function, trl.rewards.get_soft_overlong_punishment')
     return kwargs, missing
 
 
@@ -145,9 +502,11 @@ def to_verl(cfg):
     actor, rollout = 'actor_rollout_ref.actor', 'actor_rollout_ref.rollout'
     estimator = {'grpo': 'grpo', 'mean': 'grpo', 'rloo': 'rloo'}[cfg.adv_mode]
     pairs = [('data.train_batch_size', cfg.prompts_per_step),
-             (f'{rollout}.n', cfg.group_size), (f'{rollout}.temperature', cfg.temperature),
+             (f'{rollout}.n', cfg.group_size),
+             (f'{rollout}.temperature', cfg.temperature),
              (f'{actor}.ppo_mini_batch_size', cfg.prompts_per_step // cfg.minibatches),
-             (f'{actor}.ppo_epochs', cfg.epochs), (f'{actor}.clip_ratio_low', cfg.clip_low),
+             (f'{actor}.ppo_epochs', cfg.epochs),
+             (f'{actor}.clip_ratio_low', cfg.clip_low),
              (f'{actor}.clip_ratio_high', cfg.clip_high),
              (f'{actor}.loss_agg_mode', VERL_LOSS[cfg.loss_mode]),
              (f'{actor}.optim.lr', cfg.lr), (f'{actor}.grad_clip', cfg.max_grad_norm),
@@ -166,13 +525,13 @@ def to_verl(cfg):
         pairs.append(('algorithm.kl_ctrl.kl_coef', cfg.kl_coef))
     if cfg.dynamic_sampling:
         pairs += [('algorithm.filter_groups.enable', True),
-                  ('algorithm.filter_groups.max_num_gen_batches', cfg.max_sample_rounds)]
-    if cfg.overlong_buffer:
-        pairs += [('reward_model.reward_kwargs.overlong_buffer_cfg.enable', True),
-                  ('reward_model.reward_kwargs.overlong_buffer_cfg.len',
-                   cfg.overlong_buffer)]
+                  ('algorithm.filter_groups.max_num_gen_batches',
+                   cfg.max_sample_rounds)]
     missing = {name: 'the environment: a verl agent loop or reward function'
                for name in ENVIRONMENT_FIELDS}
+    if cfg.overlong_buffer:
+        missing['overlong_buffer'] = OVERLONG_IN_TURNS + (
+            '; verl: reward_model.reward_kwargs.overlong_buffer_cfg')
     if cfg.prompts_per_step % cfg.minibatches:
         missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
                                   f'{cfg.minibatches} minibatches of whole groups')
@@ -180,9 +539,10 @@ def to_verl(cfg):
 
 
 def to_openrlhf(cfg):
-    """OpenRLHF command-line flags for cfg (its dotted flags, 2026-08) -> ([flag, value, ...],
-    {field: why not carried})."""
-    estimator = {'grpo': 'group_norm', 'mean': 'group_norm', 'rloo': 'rloo'}[cfg.adv_mode]
+    """OpenRLHF command-line flags for cfg (its dotted flags, 2026-08) ->
+    ([flag, value, ...], {field: why not carried})."""
+    estimator = {'grpo': 'group_norm', 'mean': 'group_norm',
+                 'rloo': 'rloo'}[cfg.adv_mode]
     flags = ['--rollout.n_samples_per_prompt', str(cfg.group_size),
              '--algo.advantage.estimator', estimator,
              '--actor.eps_clip_low_high', str(cfg.clip_low), str(cfg.clip_high)]
@@ -191,19 +551,23 @@ def to_openrlhf(cfg):
     if cfg.ratio_level == 'sequence':
         flags += ['--actor.policy_loss_type', 'gspo']
     if cfg.kl_coef:
-        flags += ['--algo.kl.estimator', cfg.kl_kind, '--algo.kl.init_coef', str(cfg.kl_coef)]
+        flags += ['--algo.kl.estimator', cfg.kl_kind,
+                  '--algo.kl.init_coef', str(cfg.kl_coef)]
         if cfg.kl_placement == 'loss':
             flags.append('--algo.kl.use_loss')
     if cfg.dynamic_sampling:
-        flags += ['--algo.dynamic_filtering_enable', '--algo.dynamic_filtering_range', '0', '1']
-    if cfg.overlong_buffer:
-        flags += ['--reward.overlong_buffer_len', str(cfg.overlong_buffer)]
+        flags += ['--algo.dynamic_filtering_enable',
+                  '--algo.dynamic_filtering_range', '0', '1']
     missing = {name: 'the environment: an OpenRLHF agent function or reward function'
                for name in ENVIRONMENT_FIELDS}
+    if cfg.overlong_buffer:
+        missing['overlong_buffer'] = OVERLONG_IN_TURNS + (
+            '; OpenRLHF: --reward.overlong_buffer_len')
     unknown = ('prompts_per_step', 'minibatches', 'epochs', 'temperature', 'lr',
                'max_grad_norm', 'loss_mode', 'entropy_coef', 'seed')
-    missing.update({name: 'not in our table of OpenRLHF flags: look it up in '
-                          '`python -m openrlhf.cli.train_ppo_ray --help`' for name in unknown})
+    look_up = ('not in our table of OpenRLHF flags: look it up in '
+               '`python -m openrlhf.cli.train_ppo_ray --help`')
+    missing.update({name: look_up for name in unknown})
     return flags, missing
 
 
@@ -212,56 +576,34 @@ def _hydra(value):
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def padding_shares(lengths, rows_per_pass=4):
-    """Share of the tokens a forward pass processes that are padding: padded to the batch's
-    longest row, and in buckets of rows_per_pass similar lengths -> (padded, bucketed)."""
-    lengths = sorted(int(n) for n in lengths)
-    if not lengths or min(lengths) < 1:
-        raise ValueError(f'need at least one row of positive length, got {lengths}')
-    real = sum(lengths)
-    padded = len(lengths) * lengths[-1]
-    buckets = [lengths[i:i + rows_per_pass] for i in range(0, len(lengths), rows_per_pass)]
-    bucketed = sum(len(b) * b[-1] for b in buckets)
-    return 1 - real / padded, 1 - real / bucketed
-
-
-def decode_work(trajs):
-    """Token positions a rollout computes: with a KV cache (each token once) and without
-    one (every prefix again for each sampled token) -> (cached, recomputed)."""
-    cached = recomputed = 0
-    for t in trajs:
-        mask = [0, *t.action_mask.long().tolist()]     # 1 where ids[p] was sampled
-        cached += len(mask)
-        recomputed += sum(p for p, sampled in enumerate(mask) if sampled)
-    return cached, recomputed
-
-
 def single_turn_prompts(tasks):
-    """One prompt per task for a single-turn trainer: the issue, the whole source and the
-    word 'edit'; the completion should be the fix op -> {prompt: task}."""
+    """One prompt per task for a single-turn trainer: the issue, the whole source and
+    the word 'edit'; the completion should be the fix op -> {prompt: task}."""
     return {f"{t.issue} {arl.compact_source(t.source).replace(chr(10), ' ')} edit": t
             for t in tasks}
 
 
 def hf_tokenizer(tok):
-    """Our word-level vocabulary as a transformers PreTrainedTokenizerFast (no download)."""
+    """Our word-level vocabulary as a transformers PreTrainedTokenizerFast (built
+    locally, nothing downloaded)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     core = Tokenizer(models.WordLevel(tok.index, unk_token='<unk>'))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token='<pad>',
-                                   unk_token='<unk>', eos_token='<end>', bos_token='<turn>')
+                                   unk_token='<unk>', eos_token='<end>',
+                                   bos_token='<turn>')
 
 
 def tiny_llama(vocab_size, seed=0, dtype=None):
-    """A randomly initialized LlamaForCausalLM about TinyAgent's size (d 64, 2 layers)."""
-    import torch
+    """A randomly initialized LlamaForCausalLM about TinyAgent's size (width 64, 2
+    layers), with our vocabulary's special ids (<pad> 0, <turn> 2, <end> 3)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=176,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                         max_position_embeddings=128, pad_token_id=0, bos_token_id=2,
-                         eos_token_id=3)
+                         num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=4, max_position_embeddings=128,
+                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
     return LlamaForCausalLM(config).to(dtype or torch.float32)
 
 
@@ -285,3 +627,20 @@ class SingleTurnReward:
             results = arl.run_tests(source, task.hidden_tests, task.fn_name)
             rewards.append(float(all(ok for ok, _ in results)))
         return rewards
+
+
+def step_clock(trainer):
+    """Add a callback to a transformers Trainer that notes when each optimizer step
+    ends -> the list of perf_counter stamps it fills (the first: training begins)."""
+    from transformers import TrainerCallback
+    stamps = []
+
+    class _Stamps(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kwargs):
+            stamps.append(time.perf_counter())
+
+    trainer.add_callback(_Stamps())
+    return stamps

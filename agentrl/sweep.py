@@ -13,7 +13,7 @@ run. ``<out>/sweep.json`` records the sweep's settings; a sweep directory holdin
 refused. At the end ``<out>/summary.csv`` and ``<out>/summary.png`` (mean training reward per
 preset, one line per seed) are written and the summary table is printed.
 
-This module is hand-written (not tangled from a chapter). DRAFT (branch draft/ch14).
+This module is hand-written (not tangled from a chapter); chapter 14 demonstrates it.
 """
 import argparse
 import json

@@ -1,86 +1,184 @@
-"""Chapter 14's library (DRAFT, branch draft/ch14): train_many on Ray, and RLConfig translated to
-TRL's GRPOConfig and verl's overrides. Needs the optional extras (ray, trl)."""
-import dataclasses
+"""Chapter 14's library without the optional engines: the step profile through train_rl's
+seams, the operation breakdown, the matrix-multiply floor, cached vs recomputed decoding,
+padding vs buckets, the '≈' convention for measured speeds, and the translations to verl and
+OpenRLHF (TRL and Ray: tests/test_scaling_engines.py)."""
+import copy
 import os
+import re
+import types
+from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
 
-ray = pytest.importorskip('ray')
-trl = pytest.importorskip('trl')
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope='module')
-def local_ray():
-    executor = arl.RayExecutor(num_cpus=2)
-    executor.connect()
-    yield executor
-    ray.shutdown()
-
-
-@pytest.fixture(scope='module')
-def small_setup():
+def small():
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=0)
-    configs = [arl.RLConfig(seed=s, prompts_per_step=2, group_size=2, max_turns=3)
-               for s in (0, 1, 2)]
-    return model, arl.make_tasks('train'), tok, configs
+    cfg = arl.RLConfig(seed=3, prompts_per_step=2, group_size=4, max_turns=3)
+    return model, arl.make_tasks('train'), tok, cfg
 
 
-def test_ray_runs_match_in_process_runs_bit_for_bit(local_ray, small_setup):
-    model, tasks, tok, configs = small_setup
-    on_ray = arl.train_many(model, tasks, tok, configs, 2, executor=local_ray)
-    here = arl.train_many(model, tasks, tok, configs, 2, processes=1)
-    for (m1, h1), (m2, h2) in zip(on_ray, here):
-        assert h1 == h2
-        assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+def _sanitizers():
+    text = (REPO / 'tools' / 'nbval_sanitize.cfg').read_text()
+    return re.findall(r'^regex: (.*)$\n^replace: (.*)$', text, flags=re.MULTILINE)
 
 
-def _crash(*args):
-    os._exit(3)
+def _sanitize(text):
+    for regex, replace in _sanitizers():
+        text = re.sub(regex, replace, text)
+    return text
 
 
-def test_a_worker_that_dies_is_a_clear_error(local_ray):
-    with pytest.raises(RuntimeError, match=r'failed on Ray .*no result is returned'):
-        local_ray(_crash, [(1,), (2,)])
+def test_approx_known_values():
+    assert arl.approx(253.4, 'ms') == '≈253 ms'
+    assert arl.approx(35.66, 'GFLOP/s') == '≈35.7 GFLOP/s'
+    assert arl.approx(4.512, '×') == '≈4.51 ×'
+    assert arl.approx(0.004) == '≈0.00'
 
 
-@pytest.mark.parametrize('address, error, message', [
-    ('127.0.0.1:1', ConnectionError, "cannot reach a Ray cluster at '127.0.0.1:1'"),
-    ('localhost', ValueError, "a Ray address is 'host:port'")])
-def test_bad_addresses_fail_fast(address, error, message):
-    with pytest.raises(error, match=message):
-        arl.RayExecutor(address=address)
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0, 1e7), st.floats(0, 1e7), st.sampled_from(['', 'ms', 's', '×', 'µs']),
+       st.integers(0, 12))
+def test_measured_values_vanish_under_the_sanitizer_and_nothing_else_does(a, b, unit, width):
+    line = lambda x: f'step {arl.approx(x, unit):>{width}} of 64 rows, 0.63 padded'
+    assert _sanitize(line(a)) == _sanitize(line(b))
+    assert '64 rows, 0.63 padded' in _sanitize(line(a))
+    assert _sanitize("glue 'x' 0.250 took") == "glue 'x' 0.250 took"
 
 
-def test_to_trl_builds_a_grpo_config_with_our_values():
-    cfg = arl.RLConfig(clip_high=0.28, ratio_level='sequence', lr=3e-4, epochs=2)
-    kwargs, missing = arl.to_trl(cfg)
-    trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
-    assert trl_cfg.num_generations == 8 and trl_cfg.per_device_train_batch_size == 32
-    assert trl_cfg.steps_per_generation == 2 and trl_cfg.num_iterations == 2
-    assert (trl_cfg.epsilon, trl_cfg.epsilon_high) == (0.2, 0.28)
-    assert trl_cfg.importance_sampling_level == 'sequence' and trl_cfg.loss_type == 'dapo'
-    assert trl_cfg.scale_rewards == 'group' and trl_cfg.beta == 0.0
-    assert set(missing) == set(arl.ENVIRONMENT_FIELDS)
+def test_median_seconds_calls_warmup_plus_repeats():
+    calls = []
+    seconds = arl.median_seconds(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and 0 <= seconds < 1
 
 
-def test_to_trl_reports_what_it_cannot_carry():
-    cfg = arl.RLConfig(adv_mode='rloo', loss_mode='seq_mean_token_sum', kl_coef=0.1,
-                       kl_kind='k1', entropy_coef=0.01, dynamic_sampling=True,
-                       overlong_buffer=2)
-    kwargs, missing = arl.to_trl(cfg)
-    assert {'adv_mode', 'loss_mode', 'kl_kind', 'entropy_coef', 'dynamic_sampling',
-            'overlong_buffer'} <= set(missing)
-    assert 'scale_rewards' not in kwargs and 'loss_type' not in kwargs and kwargs['beta'] == 0
-    trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+def test_profile_steps_times_train_rl_without_changing_it(small):
+    model, tasks, tok, cfg = small
+    rows, history = arl.profile_steps(model, tasks, tok, cfg, steps=2)
+    assert history == arl.train_rl(copy.deepcopy(model), tasks, tok, cfg, 2)
+    assert len(rows) == 2
+    for row in rows:
+        assert row['sampling'] + row['update'] == pytest.approx(row['total'])
+        parts = row['model'] + row['environment'] + row['sampling, rest']
+        assert parts == pytest.approx(row['sampling'])
+        assert min(row['model'], row['environment'], row['update']) > 0
 
 
-def test_to_trl_rejects_uneven_minibatches():
-    with pytest.raises(ValueError, match='do not split into 3 equal minibatches'):
-        arl.to_trl(arl.RLConfig(minibatches=3))
+class _FirstRowLearns(arl.Objective):
+    """Advantage 1 for the first row, 0 for the others, which are only scored."""
+
+    def advantages(self, batch, episodes, cfg):
+        return (torch.arange(len(episodes)) == 0).to(arl.DTYPE)
+
+
+def test_profile_steps_counts_the_tokens_of_the_step(small):
+    model, tasks, tok, cfg = small
+    rows, _ = arl.profile_steps(model, tasks, tok, cfg, steps=1, objective=_FirstRowLearns())
+    kept, sampled = arl.sample_step(copy.deepcopy(model), lambda: arl.make_env(cfg), tasks,
+                                    tok, cfg, torch.Generator().manual_seed(cfg.seed))
+    # every token of every episode is fed once, except each episode's last one
+    assert rows[0]['fed'] == sum(len(t.ids) - 1 for t in sampled)
+    assert rows[0]['learned'] == len(kept[0].ids)
+    assert rows[0]['scored'] == sum(len(t.ids) for t in kept[1:])
+
+
+def test_profile_steps_leaves_the_model_alone(small):
+    model, tasks, tok, cfg = small
+    before = [p.clone() for p in model.parameters()]
+    arl.profile_steps(model, tasks, tok, cfg, steps=1)
+    assert all(torch.equal(p, q) for p, q in zip(before, model.parameters()))
+    assert 'decoder' not in vars(model)
+
+
+def _event(name, self_us, parent=None):
+    return types.SimpleNamespace(name=name, self_cpu_time_total=self_us, cpu_parent=parent)
+
+
+def test_op_breakdown_files_each_op_under_its_innermost_phase():
+    sampling = _event('sampling', 7.0)
+    model = _event('model', 3.0, sampling)
+    linear = _event('aten::linear', 1.0, model)          # a wrapper op: its own time only
+    update = _event('update', 2.0)
+    events = [sampling, model, linear, _event('aten::addmm', 20.0, linear),
+              _event('aten::bmm', 4.0, model), _event('aten::copy_', 5.0, sampling),
+              update, _event('aten::mm', 40.0, update), _event('aten::relu', 6.0, update),
+              _event('aten::mm', 100.0)]                 # outside every phase: ignored
+    got = arl.op_breakdown(events)
+    us = {key: round(value * 1e6, 6) for key, value in got.items()}
+    assert us == {('sampling', 'Python'): 7.0, ('model', 'Python'): 3.0,
+                  ('model', 'other tensor ops'): 1.0, ('model', 'matrix multiplies'): 20.0,
+                  ('model', 'attention'): 4.0, ('sampling', 'copies and cache writes'): 5.0,
+                  ('update', 'Python'): 2.0, ('update', 'matrix multiplies'): 40.0,
+                  ('update', 'other tensor ops'): 6.0}
+
+
+def test_cpu_profile_records_ops_and_restores_stderr():
+    before = os.fstat(2)
+    with arl.cpu_profile() as prof:
+        with torch.profiler.record_function('update'):
+            torch.ones(8, 8).mm(torch.ones(8, 8))
+    after = os.fstat(2)
+    assert (before.st_dev, before.st_ino) == (after.st_dev, after.st_ino)
+    ops = arl.op_breakdown(prof.events())
+    assert ('update', 'matrix multiplies') in ops
+
+
+def test_linear_flops_and_step_floor_known_values():
+    model = arl.TinyAgent(30, d_model=8, n_layers=2, n_heads=2, d_ff=16)
+    # per block: qkv 8->24, proj 8->8, ff 8->16, 16->8; head 8->30
+    per_token = 2 * (2 * (8 * 24 + 8 * 8 + 8 * 16 + 16 * 8) + 8 * 30)
+    assert arl.linear_flops(model) == per_token
+    row = dict(fed=10, learned=4, scored=2)
+    assert arl.step_floor_flops(model, row) == per_token * (10 + 12 + 2)
+
+
+def test_gemm_rate_is_a_positive_speed():
+    model = arl.TinyAgent(30, d_model=8, n_layers=1, n_heads=2, d_ff=16)
+    assert arl.gemm_rate(model, rows=(16,), repeats=2) > 0
+
+
+def test_cached_and_recomputed_decoding_agree(small):
+    model, tasks, tok, cfg = small
+    prompts = torch.randint(4, len(tok), (3, 5), generator=torch.Generator().manual_seed(1))
+    ids_c, logits_c = arl.greedy_cached(model, prompts, 6)
+    ids_r, logits_r = arl.greedy_recomputed(model, prompts, 6)
+    assert ids_c.shape == ids_r.shape == (3, 11)
+    assert logits_c.shape == logits_r.shape == (3, 6, len(tok))
+    assert torch.equal(ids_c, ids_r) and torch.equal(ids_c[:, :5], prompts)
+    assert torch.allclose(logits_c, logits_r, rtol=0, atol=1e-10)
+
+
+def test_padding_shares_known_values():
+    # rows of 2, 4, 4, 10: padded to 10 -> 40 slots for 20 tokens; buckets of 2 -> 2*4 + 2*10
+    assert arl.padding_shares([4, 10, 2, 4], rows_per_pass=2) == (0.5, 1 - 20 / 28)
+    assert arl.padding_shares([5, 5]) == (0.0, 0.0)
+    with pytest.raises(ValueError, match='positive length'):
+        arl.padding_shares([3, 0])
+
+
+def test_padded_log_probs_match_the_bucketed_pass(small):
+    model, tasks, tok, cfg = small
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.tensor([3, 9, 5, 9, 2])
+    ids = torch.randint(4, len(tok), (5, 9), generator=g) * (torch.arange(9) < lengths[:, None])
+    got = arl.padded_log_probs(model, ids, lengths, temperature=0.7)
+    want, _ = arl.token_log_probs(model, ids, lengths, 0.7)
+    assert got.shape == (5, 8)
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    assert (got[0, 2:] == 0).all() and (got[4, 1:] == 0).all()
+
+
+def test_decode_work_counts_each_prefix_once_per_sampled_token():
+    mask = torch.tensor([0, 1, 1, 0, 1], dtype=arl.DTYPE)   # ids[2], ids[3], ids[5] sampled
+    traj = arl.Trajectory(torch.zeros(6, dtype=torch.long), mask, 0.0, {})
+    assert arl.decode_work([traj, traj]) == (12, 2 * (2 + 3 + 5))
 
 
 def test_to_verl_known_overrides():
@@ -96,41 +194,23 @@ def test_to_verl_known_overrides():
                                             kl_placement='reward'))
     assert 'algorithm.norm_adv_by_std_in_grpo=false' in overrides
     assert 'algorithm.use_kl_in_reward=true' in overrides
+    assert 'algorithm.kl_ctrl.kl_coef=0.1' in overrides
 
 
-def test_padding_shares_known_values():
-    # rows of 2, 4, 4, 10: padded to 10 -> 40 slots for 20 tokens; buckets of 2 -> 2*4 + 2*10
-    assert arl.padding_shares([4, 10, 2, 4], rows_per_pass=2) == (0.5, 1 - 20 / 28)
-    assert arl.padding_shares([5, 5]) == (0.0, 0.0)
-    with pytest.raises(ValueError, match='positive length'):
-        arl.padding_shares([3, 0])
+def test_overlong_buffer_is_reported_not_translated():
+    cfg = arl.RLConfig(**arl.VARIANTS['dapo'])
+    assert cfg.overlong_buffer
+    overrides, verl_missing = arl.to_verl(cfg)
+    flags, openrlhf_missing = arl.to_openrlhf(cfg)
+    assert not any('overlong' in o for o in overrides + flags)
+    assert 'turns' in verl_missing['overlong_buffer']
+    assert 'turns' in openrlhf_missing['overlong_buffer']
+    assert 'overlong_buffer' not in arl.to_verl(arl.RLConfig())[1]
 
 
-def test_decode_work_counts_each_prefix_once_per_sampled_token():
-    mask = torch.tensor([0, 1, 1, 0, 1], dtype=arl.DTYPE)   # ids[2], ids[3], ids[5] sampled
-    traj = arl.Trajectory(torch.zeros(6, dtype=torch.long), mask, 0.0, {})
-    assert arl.decode_work([traj, traj]) == (12, 2 * (2 + 3 + 5))
-
-
-def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
-    from datasets import Dataset
-    tok = arl.build_tokenizer(arl.make_tasks('all'))
-    tasks = arl.make_tasks('train')
-    reward = arl.SingleTurnReward(tasks)
-    first = next(iter(reward.by_prompt))
-    assert reward([first, first], [f'{tasks[0].fix_op}', 'read']) == [1.0, 0.0]
-    cfg = arl.RLConfig(group_size=4, prompts_per_step=2, lr=1e-3)
-    kwargs, _ = arl.to_trl(cfg)
-    args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2,
-                          max_completion_length=3, report_to='none', save_strategy='no',
-                          logging_steps=1, disable_tqdm=True, **kwargs)
-    trainer = trl.GRPOTrainer(model=arl.tiny_llama(len(tok)), reward_funcs=reward, args=args,
-                              train_dataset=Dataset.from_list(
-                                  [{'prompt': p} for p in reward.by_prompt]),
-                              processing_class=arl.hf_tokenizer(tok))
-    trainer.train()
-    logged = [h for h in trainer.state.log_history if 'reward' in h]
-    assert logged and all(0.0 <= h['reward'] <= 1.0 for h in logged)   # one per generation
+def test_to_verl_reports_minibatches_that_split_groups():
+    _, missing = arl.to_verl(arl.RLConfig(prompts_per_step=6, group_size=4, minibatches=4))
+    assert 'do not split into 4 minibatches of whole groups' in missing['minibatches']
 
 
 def test_to_openrlhf_known_flags_and_reports_the_rest():
@@ -142,3 +222,6 @@ def test_to_openrlhf_known_flags_and_reports_the_rest():
     assert '--algo.kl.estimator k3 --algo.kl.init_coef 0.01 --algo.kl.use_loss' in text
     assert '--algo.dynamic_filtering_enable' in text
     assert {'lr', 'temperature', *arl.ENVIRONMENT_FIELDS} <= set(missing)
+    flags, _ = arl.to_openrlhf(arl.RLConfig(adv_mode='mean', ratio_level='sequence'))
+    assert '--algo.advantage.no_std_norm' in flags
+    assert flags[flags.index('--actor.policy_loss_type') + 1] == 'gspo'

@@ -1,4 +1,4 @@
-"""The sweep command (DRAFT, branch draft/ch14): one directory per run, a summary, resuming an
+"""The sweep command (chapter 14): one directory per run, a summary, resuming an
 interrupted sweep without redoing finished runs, and refusing a directory of another sweep."""
 import json
 import shutil

@@ -13,4 +13,4 @@ if [[ "${1:-}" == "--browser" ]] && [[ ! -x /usr/bin/chromium ]]; then
 fi
 echo "setup: pip install torch==2.13.0 (CPU build first), then the pinned toolchain"
 $PY -m pip install -q torch==2.13.0
-$PY -m pip install -q -r tools/requirements-pinned.txt -e ".[book,test]"
+$PY -m pip install -q -r tools/requirements-pinned.txt -e ".[book,test,scale]"

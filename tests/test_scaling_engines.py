@@ -1,0 +1,147 @@
+"""Chapter 14's library on the optional engines (agentrl[scale]; the test command installs
+them): train_many on Ray, bit for bit; bad addresses and dead workers; RLConfig on a real
+trl.GRPOConfig; a single-turn BugFix run on TRL's GRPOTrainer."""
+import dataclasses
+import os
+
+import pytest
+import torch
+
+import agentrl as arl
+
+ray = pytest.importorskip('ray')
+trl = pytest.importorskip('trl')
+
+
+@pytest.fixture(scope='module')
+def local_ray():
+    executor = arl.RayExecutor(num_cpus=2)
+    executor.connect()
+    yield executor
+    ray.shutdown()
+
+
+@pytest.fixture(scope='module')
+def small_setup():
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=0)
+    configs = [arl.RLConfig(seed=s, prompts_per_step=2, group_size=2, max_turns=3)
+               for s in (0, 1, 2)]
+    return model, arl.make_tasks('train'), tok, configs
+
+
+def test_ray_runs_match_in_process_runs_bit_for_bit(local_ray, small_setup):
+    model, tasks, tok, configs = small_setup
+    on_ray = arl.train_many(model, tasks, tok, configs, 2, executor=local_ray)
+    here = arl.train_many(model, tasks, tok, configs, 2, processes=1)
+    for (m1, h1), (m2, h2) in zip(on_ray, here):
+        assert h1 == h2
+        assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+
+
+def _crash(*args):
+    os._exit(3)
+
+
+def test_a_worker_that_dies_is_a_clear_error(local_ray):
+    with pytest.raises(RuntimeError, match=r'failed on Ray .*no result is returned'):
+        local_ray(_crash, [(1,), (2,)])
+
+
+@pytest.mark.parametrize('address, error, message', [
+    ('127.0.0.1:1', ConnectionError, "cannot reach a Ray cluster at '127.0.0.1:1'"),
+    ('localhost', ValueError, "a Ray address is 'host:port'")])
+def test_bad_addresses_fail_fast(address, error, message):
+    with pytest.raises(error, match=message):
+        arl.RayExecutor(address=address)
+
+
+def test_to_trl_builds_a_grpo_config_with_our_values():
+    cfg = arl.RLConfig(clip_high=0.28, ratio_level='sequence', lr=3e-4, epochs=2)
+    kwargs, missing = arl.to_trl(cfg)
+    trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+    assert trl_cfg.num_generations == 8 and trl_cfg.per_device_train_batch_size == 32
+    assert trl_cfg.steps_per_generation == 2 and trl_cfg.num_iterations == 2
+    assert (trl_cfg.epsilon, trl_cfg.epsilon_high) == (0.2, 0.28)
+    assert trl_cfg.importance_sampling_level == 'sequence' and trl_cfg.loss_type == 'dapo'
+    assert trl_cfg.scale_rewards == 'group' and trl_cfg.beta == 0.0
+    assert set(missing) == set(arl.ENVIRONMENT_FIELDS)
+
+
+def test_to_trl_reports_what_it_cannot_carry():
+    cfg = arl.RLConfig(adv_mode='rloo', loss_mode='seq_mean_token_sum', kl_coef=0.1,
+                       kl_kind='k1', entropy_coef=0.01, dynamic_sampling=True,
+                       overlong_buffer=2)
+    kwargs, missing = arl.to_trl(cfg)
+    assert {'adv_mode', 'loss_mode', 'kl_kind', 'entropy_coef', 'dynamic_sampling',
+            'overlong_buffer'} <= set(missing)
+    assert 'scale_rewards' not in kwargs and 'loss_type' not in kwargs and kwargs['beta'] == 0
+    trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+
+
+def test_to_trl_rejects_uneven_minibatches():
+    with pytest.raises(ValueError, match='do not split into 3 equal minibatches'):
+        arl.to_trl(arl.RLConfig(minibatches=3))
+
+
+def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
+    from datasets import Dataset
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    tasks = arl.make_tasks('train')
+    reward = arl.SingleTurnReward(tasks)
+    first = next(iter(reward.by_prompt))
+    assert reward([first, first], [f'{tasks[0].fix_op}', 'read']) == [1.0, 0.0]
+    cfg = arl.RLConfig(group_size=4, prompts_per_step=2, lr=1e-3)
+    kwargs, _ = arl.to_trl(cfg)
+    args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2,
+                          max_completion_length=3, report_to='none', save_strategy='no',
+                          logging_steps=1, disable_tqdm=True, **kwargs)
+    trainer = trl.GRPOTrainer(model=arl.tiny_llama(len(tok)), reward_funcs=reward, args=args,
+                              train_dataset=Dataset.from_list(
+                                  [{'prompt': p} for p in reward.by_prompt]),
+                              processing_class=arl.hf_tokenizer(tok))
+    stamps = arl.step_clock(trainer)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if 'reward' in h]
+    assert logged and all(0.0 <= h['reward'] <= 1.0 for h in logged)   # one per generation
+    assert len(stamps) == trainer.state.global_step + 1 == 3
+    assert stamps == sorted(stamps)
+
+
+def test_one_by_one_gives_the_same_runs(local_ray, small_setup):
+    model, tasks, tok, configs = small_setup
+    serial = arl.train_many(model, tasks, tok, configs[:2], 1,
+                            executor=arl.one_by_one(local_ray))
+    here = arl.train_many(model, tasks, tok, configs[:2], 1, processes=1)
+    assert [h for _, h in serial] == [h for _, h in here]
+
+
+def test_hf_tokenizer_encodes_as_ours():
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    hf = arl.hf_tokenizer(tok)
+    prompt = next(iter(arl.single_turn_prompts(arl.make_tasks('train')[:1])))
+    assert hf(prompt)['input_ids'] == tok.encode(prompt)
+    assert (hf.pad_token_id, hf.eos_token_id) == (tok.pad_id, tok.index['<end>'])
+    assert len(hf) == len(tok)
+
+
+def test_single_turn_prompts_end_with_edit_and_name_their_task():
+    tasks = arl.make_tasks('train')
+    prompts = arl.single_turn_prompts(tasks)
+    assert len(prompts) == len(tasks)
+    for prompt, task in prompts.items():
+        assert prompt.startswith(task.issue) and prompt.endswith(' edit')
+        assert '\n' not in prompt
+
+
+def test_tiny_llama_is_seeded_and_sized():
+    a, b = arl.tiny_llama(50, seed=1), arl.tiny_llama(50, seed=1, dtype=torch.float64)
+    assert a.dtype == torch.float32 and b.dtype == torch.float64
+    assert all(torch.equal(p.double(), q) for p, q in zip(a.parameters(), b.parameters()))
+    assert a.config.hidden_size == 64 and a.config.num_hidden_layers == 2
+
+
+def test_to_trl_keeps_the_learning_rate_constant():
+    kwargs, _ = arl.to_trl(arl.RLConfig())
+    args = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+    assert args.lr_scheduler_type.value == 'constant' and args.learning_rate == 1e-3
