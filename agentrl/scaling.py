@@ -109,13 +109,15 @@ class _TimedEnv:
 
 
 class _TimedDecoder:
-    """A cached decoder whose feeds count as the part 'model', with the tokens fed."""
+    """A cached decoder whose feeds count as the part 'model', with the tokens fed and
+    the rows fed (each gets logits for its last token only)."""
 
     def __init__(self, decoder, clock):
         self._decoder, self._clock = decoder, clock
 
     def feed(self, chunks):
         self._clock.counts['fed'] += sum(len(chunk) for chunk in chunks.values())
+        self._clock.counts['fed_rows'] += sum(1 for chunk in chunks.values() if chunk)
         with self._clock.part('model'):
             return self._decoder.feed(chunks)
 
@@ -188,7 +190,7 @@ def profile_steps(model, tasks, tok, cfg, steps=4, env_factory=None,
                   objective=arl.Objective()):
     """train_rl for `steps` steps on a copy of model, timed through its seams (env
     factory, model.decoder, objective, callback) -> (one dict per step of seconds per
-    part and the token counts fed/learned/scored, the run's history)."""
+    part and the counts fed/fed_rows/learned/scored, the run's history)."""
     model, clock = copy.deepcopy(model), _Clock()
     env_factory = env_factory or functools.partial(arl.make_env, cfg)
     untimed = model.decoder
@@ -268,10 +270,11 @@ def op_breakdown(events):
     return dict(seconds)
 
 
-def linear_flops(model):
-    """FLOPs (2 per multiply-add) of one token through model's nn.Linear layers."""
+def linear_flops(model, head=True):
+    """FLOPs (2 per multiply-add) of one token through model's nn.Linear layers (without
+    the output layer model.head if head is False)."""
     return sum(2 * m.in_features * m.out_features for m in model.modules()
-               if isinstance(m, torch.nn.Linear))
+               if isinstance(m, torch.nn.Linear) and (head or m is not model.head))
 
 
 def gemm_rate(model, rows=(256, 1024, 2048), repeats=20):
@@ -294,8 +297,11 @@ def gemm_rate(model, rows=(256, 1024, 2048), repeats=20):
 
 def step_floor_flops(model, row):
     """A step's matrix-multiply work from a profile_steps row: every fed token once
-    forward, learned tokens forward + backward (3 forwards), scored ones forward."""
-    return linear_flops(model) * (row['fed'] + 3 * row['learned'] + row['scored'])
+    through the blocks and every fed row once through the output layer (sampling),
+    learned tokens forward + backward (3 forwards), scored ones forward."""
+    full, blocks = linear_flops(model), linear_flops(model, head=False)
+    sampling = blocks * row['fed'] + (full - blocks) * row['fed_rows']
+    return sampling + full * (3 * row['learned'] + row['scored'])
 
 
 def decode_work(trajs):
@@ -468,9 +474,10 @@ def to_trl(cfg):
                   epsilon_high=cfg.clip_high, importance_sampling_level=cfg.ratio_level,
                   learning_rate=cfg.lr, lr_scheduler_type='constant',
                   max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, beta=0.0)
-    missing = {name: 'the environment: TRL samples one completion per prompt; port it '
-                     'into the reward function or a rollout function'
-               for name in ENVIRONMENT_FIELDS}
+    missing = _not_carried(cfg, 'TRL', 'reward functions, or the experimental '
+                           'environment_factory or rollout_func',
+                           'trl.rewards.get_soft_overlong_punishment',
+                           "dr_grpo divides by max_completion_length")
     if cfg.adv_mode == 'rloo':
         missing['adv_mode'] = ("GRPOTrainer has no leave-one-out baseline "
                                "(TRL's RLOOTrainer)")
@@ -481,19 +488,31 @@ def to_trl(cfg):
     else:
         missing['loss_mode'] = (f'no TRL loss_type sums tokens per sequence '
                                 f'({cfg.loss_mode})')
-    if cfg.kl_coef and (cfg.kl_kind, cfg.kl_placement) == ('k3', 'loss'):
+    if cfg.kl_coef and cfg.kl_placement != 'loss':
+        missing['kl_placement'] = 'GRPOTrainer has no KL penalty in the reward'
+    if cfg.kl_coef and cfg.kl_kind != 'k3':
+        missing['kl_kind'] = "TRL's beta weighs the k3 estimator only"
+    if cfg.kl_coef and not {'kl_placement', 'kl_kind'} & set(missing):
         kwargs['beta'] = cfg.kl_coef
-    elif cfg.kl_coef:
-        missing['kl_kind'] = 'TRL puts only the k3 estimator in the loss (beta)'
     if cfg.entropy_coef:
         missing['entropy_coef'] = 'GRPOTrainer has no entropy bonus'
     if cfg.dynamic_sampling:
-        missing['dynamic_sampling'] = ('no flag; TRL logs frac_reward_zero_std, the '
-                                       'share of groups it would filter')
-    if cfg.overlong_buffer:
-        missing['overlong_buffer'] = OVERLONG_IN_TURNS + (
-            '; TRL: a reward function, trl.rewards.get_soft_overlong_punishment')
+        missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
+            'no flag; TRL logs frac_reward_zero_std, the share of groups it would '
+            'filter')
     return kwargs, missing
+
+
+def _not_carried(cfg, trainer, environment, overlong, constant):
+    """The fields every translation reports when they matter: the environment's, the
+    overlong buffer (turns here, tokens there) and norm_const -> {field: why}."""
+    missing = {name: f'the environment: {environment}' for name in ENVIRONMENT_FIELDS}
+    if cfg.overlong_buffer:
+        missing['overlong_buffer'] = f'{OVERLONG_IN_TURNS}; {trainer}: {overlong}'
+    if cfg.loss_mode == 'constant':
+        missing['norm_const'] = (f'ours divides by norm_const (None: rows x max_turns '
+                                 f'x MAX_CALL_TOKENS); {trainer}: {constant}')
+    return missing
 
 
 def to_verl(cfg):
@@ -527,11 +546,10 @@ def to_verl(cfg):
         pairs += [('algorithm.filter_groups.enable', True),
                   ('algorithm.filter_groups.max_num_gen_batches',
                    cfg.max_sample_rounds)]
-    missing = {name: 'the environment: a verl agent loop or reward function'
-               for name in ENVIRONMENT_FIELDS}
-    if cfg.overlong_buffer:
-        missing['overlong_buffer'] = OVERLONG_IN_TURNS + (
-            '; verl: reward_model.reward_kwargs.overlong_buffer_cfg')
+    missing = _not_carried(cfg, 'verl', 'an agent loop or a reward function',
+                           'reward_model.reward_kwargs.overlong_buffer_cfg',
+                           'seq-mean-token-sum-norm divides by its own constant')
+    missing['seed'] = 'not in our table of verl options'
     if cfg.prompts_per_step % cfg.minibatches:
         missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
                                   f'{cfg.minibatches} minibatches of whole groups')
@@ -558,13 +576,11 @@ def to_openrlhf(cfg):
     if cfg.dynamic_sampling:
         flags += ['--algo.dynamic_filtering_enable',
                   '--algo.dynamic_filtering_range', '0', '1']
-    missing = {name: 'the environment: an OpenRLHF agent function or reward function'
-               for name in ENVIRONMENT_FIELDS}
-    if cfg.overlong_buffer:
-        missing['overlong_buffer'] = OVERLONG_IN_TURNS + (
-            '; OpenRLHF: --reward.overlong_buffer_len')
+    missing = _not_carried(cfg, 'OpenRLHF', 'an agent function or a reward function',
+                           '--reward.overlong_buffer_len', 'not in our table')
     unknown = ('prompts_per_step', 'minibatches', 'epochs', 'temperature', 'lr',
-               'max_grad_norm', 'loss_mode', 'entropy_coef', 'seed')
+               'max_grad_norm', 'loss_mode', 'entropy_coef', 'seed',
+               *(('max_sample_rounds',) if cfg.dynamic_sampling else ()))
     look_up = ('not in our table of OpenRLHF flags: look it up in '
                '`python -m openrlhf.cli.train_ppo_ray --help`')
     missing.update({name: look_up for name in unknown})

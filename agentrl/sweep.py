@@ -157,10 +157,9 @@ def summarize(out, args):
     lines = [f"{r['preset']},{r['seed']},{r['reward']:.4f},{r['reads']:.4f},"
              f"{r['heldout_pass']:.4f}" for r in rows]
     (out / 'summary.csv').write_text('\n'.join([header, *lines]) + '\n')
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    from matplotlib.figure import Figure    # not pyplot: leaves the caller's backend alone
+    fig = Figure(figsize=(6, 3.5))
+    ax = fig.subplots()
     for r in rows:
         ax.plot(arl.smooth([h['reward'] for h in r['history']]),
                 color=f"C{args.presets.index(r['preset'])}", alpha=0.8,
@@ -170,7 +169,6 @@ def summarize(out, args):
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / 'summary.png', dpi=100)
-    plt.close(fig)
     print(f"{'preset':>16} {'seed':>4} {'reward':>7} {'reads':>6} {'held-out':>8}")
     for r in rows:
         print(f"{r['preset']:>16} {r['seed']:4d} {r['reward']:7.3f} {r['reads']:6.2f} "

@@ -3,6 +3,7 @@ seams, the operation breakdown, the matrix-multiply floor, cached vs recomputed 
 padding vs buckets, the '≈' convention for measured speeds, and the translations to verl and
 OpenRLHF (TRL and Ray: tests/test_scaling_engines.py)."""
 import copy
+import dataclasses
 import os
 import re
 import types
@@ -85,6 +86,8 @@ def test_profile_steps_counts_the_tokens_of_the_step(small):
                                     tok, cfg, torch.Generator().manual_seed(cfg.seed))
     # every token of every episode is fed once, except each episode's last one
     assert rows[0]['fed'] == sum(len(t.ids) - 1 for t in sampled)
+    # a row gets logits once per feed: the prompt, then one per sampled token or observation
+    assert len(sampled) < rows[0]['fed_rows'] < rows[0]['fed']
     assert rows[0]['learned'] == len(kept[0].ids)
     assert rows[0]['scored'] == sum(len(t.ids) for t in kept[1:])
 
@@ -133,10 +136,12 @@ def test_cpu_profile_records_ops_and_restores_stderr():
 def test_linear_flops_and_step_floor_known_values():
     model = arl.TinyAgent(30, d_model=8, n_layers=2, n_heads=2, d_ff=16)
     # per block: qkv 8->24, proj 8->8, ff 8->16, 16->8; head 8->30
-    per_token = 2 * (2 * (8 * 24 + 8 * 8 + 8 * 16 + 16 * 8) + 8 * 30)
-    assert arl.linear_flops(model) == per_token
-    row = dict(fed=10, learned=4, scored=2)
-    assert arl.step_floor_flops(model, row) == per_token * (10 + 12 + 2)
+    blocks, head = 2 * 2 * (8 * 24 + 8 * 8 + 8 * 16 + 16 * 8), 2 * 8 * 30
+    assert arl.linear_flops(model) == blocks + head
+    assert arl.linear_flops(model, head=False) == blocks
+    row = dict(fed=10, fed_rows=3, learned=4, scored=2)
+    assert arl.step_floor_flops(model, row) == (blocks * 10 + head * 3
+                                                + (blocks + head) * (12 + 2))
 
 
 def test_gemm_rate_is_a_positive_speed():
@@ -189,7 +194,7 @@ def test_to_verl_known_overrides():
     assert 'actor_rollout_ref.actor.kl_loss_type=low_var_kl' in overrides
     assert 'algorithm.filter_groups.enable=true' in overrides
     assert 'algorithm.norm_adv_by_std_in_grpo=true' in overrides
-    assert set(missing) == set(arl.ENVIRONMENT_FIELDS)
+    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'seed'}
     overrides, _ = arl.to_verl(arl.RLConfig(adv_mode='mean', kl_coef=0.1,
                                             kl_placement='reward'))
     assert 'algorithm.norm_adv_by_std_in_grpo=false' in overrides
@@ -225,3 +230,40 @@ def test_to_openrlhf_known_flags_and_reports_the_rest():
     flags, _ = arl.to_openrlhf(arl.RLConfig(adv_mode='mean', ratio_level='sequence'))
     assert '--algo.advantage.no_std_norm' in flags
     assert flags[flags.index('--actor.policy_loss_type') + 1] == 'gspo'
+
+
+# For every RLConfig field: a base config and one that changes only that field (and what it
+# needs to matter). A translation that ignores the change must report the field.
+CHANGES = {
+    'group_size': ({}, dict(group_size=4)), 'prompts_per_step': ({}, dict(prompts_per_step=4)),
+    'temperature': ({}, dict(temperature=0.7)), 'max_turns': ({}, dict(max_turns=4)),
+    'rename': ({}, dict(rename=False)), 'max_edits': ({}, dict(max_edits=2)),
+    'reward': ({}, dict(reward='public')), 'adv_mode': ({}, dict(adv_mode='mean')),
+    'overlong_buffer': ({}, dict(overlong_buffer=2)),
+    'dynamic_sampling': ({}, dict(dynamic_sampling=True)),
+    'max_sample_rounds': (dict(dynamic_sampling=True),
+                          dict(dynamic_sampling=True, max_sample_rounds=2)),
+    'ratio_level': ({}, dict(ratio_level='sequence')), 'clip_low': ({}, dict(clip_low=0.1)),
+    'clip_high': ({}, dict(clip_high=0.28)),
+    'loss_mode': ({}, dict(loss_mode='seq_mean_token_sum')),
+    'norm_const': (dict(loss_mode='constant'), dict(loss_mode='constant', norm_const=100.0)),
+    'kl_coef': ({}, dict(kl_coef=0.01)),
+    'kl_kind': (dict(kl_coef=0.01), dict(kl_coef=0.01, kl_kind='k1')),
+    'kl_placement': (dict(kl_coef=0.01), dict(kl_coef=0.01, kl_placement='reward')),
+    'entropy_coef': ({}, dict(entropy_coef=0.01)), 'lr': ({}, dict(lr=3e-4)),
+    'epochs': ({}, dict(epochs=2)), 'minibatches': ({}, dict(minibatches=4)),
+    'max_grad_norm': ({}, dict(max_grad_norm=0.5)), 'seed': ({}, dict(seed=1))}
+
+
+def test_changes_cover_every_rlconfig_field():
+    assert set(CHANGES) == {f.name for f in dataclasses.fields(arl.RLConfig)}
+
+
+@pytest.mark.parametrize('translate', [arl.to_trl, arl.to_verl, arl.to_openrlhf],
+                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize('field', sorted(CHANGES))
+def test_no_field_is_dropped_in_silence(translate, field):
+    before, after = CHANGES[field]
+    old, _ = translate(arl.RLConfig(**before))
+    new, missing = translate(arl.RLConfig(**after))
+    assert new != old or field in missing, f'{translate.__name__} ignores {field} silently'

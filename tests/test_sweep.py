@@ -48,3 +48,15 @@ def test_sweep_rejects_bad_options(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
         sweep.parse_args(['--out', str(tmp_path / 's'), *argv])
     assert message in capsys.readouterr().err
+
+
+def test_the_summary_leaves_the_matplotlib_backend_alone(tmp_path):
+    import matplotlib
+    backend = matplotlib.get_backend()
+    matplotlib.use('svg')                          # as a notebook's inline backend would be
+    try:
+        sweep.main(['--out', str(tmp_path / 'sweep'), *ARGS])
+        assert matplotlib.get_backend() == 'svg'
+    finally:
+        matplotlib.use(backend)
+    assert (tmp_path / 'sweep' / 'summary.png').stat().st_size > 0
