@@ -17,6 +17,7 @@ __all__ = [
     'greedy_recomputed',
     'padding_shares',
     'padded_log_probs',
+    'Curriculum',
     'check_reachable',
     'RayExecutor',
     'one_by_one',
@@ -42,11 +43,13 @@ import copy
 import functools
 import logging
 import os
+import random
 import socket
 import statistics
 import sys
 import time
 import warnings
+import zlib
 
 import torch
 
@@ -363,6 +366,77 @@ def padded_log_probs(model, ids, lengths, temperature=1.0):
     taken = logp.gather(2, ids[:, 1:, None])[..., 0]
     inside = torch.arange(ids.shape[1] - 1) < (lengths[:, None] - 1)
     return taken * inside
+
+
+class Curriculum:
+    """An environment factory that stops sampling the tasks a run always or never
+    solves: once a task's last `window` attempts all passed or all failed, its later
+    episodes play the next informative task in `tasks`' order. Other tasks pass through
+    unchanged."""
+
+    def __init__(self, env_factory, tasks, window=16):
+        if window < 1:
+            raise ValueError(f'window must be at least 1 attempt, got {window!r}')
+        self.env_factory, self.window = env_factory, window
+        self.tasks = {t.name: t for t in tasks}
+        self.order = [t.name for t in tasks]
+        self.results = collections.defaultdict(list)    # task name -> [passed, ...]
+
+    def __call__(self):
+        return _CurriculumEnv(self.env_factory(), self)
+
+    def informative(self, name):
+        """Whether a task still teaches: fewer than `window` attempts, or mixed
+        results."""
+        recent = self.results[name][-self.window:]
+        return len(recent) < self.window or 0 < sum(recent) < len(recent)
+
+    def retired(self):
+        """The retired tasks -> {name: 'solved' or 'failed'}, in order."""
+        return {n: 'solved' if all(self.results[n][-self.window:]) else 'failed'
+                for n in self.order if not self.informative(n)}
+
+    def choose(self, task):
+        """The task an episode of `task` plays: task itself while informative (or
+        unknown), else the next informative one, renamed (from task's function name) if
+        task was renamed."""
+        if task.name not in self.tasks or self.informative(task.name):
+            return task
+        renamed = task.fn_name != self.tasks[task.name].fn_name
+        start = self.order.index(task.name)
+        for name in self.order[start + 1:] + self.order[:start]:
+            if self.informative(name):
+                if not renamed:
+                    return self.tasks[name]
+                rng = random.Random(zlib.crc32(task.fn_name.encode()))
+                return arl.randomize_names(self.tasks[name], rng)
+        return task                                     # every task retired
+
+    def record(self, name, passed):
+        """Note an attempt's outcome (tasks outside the curriculum are ignored)."""
+        if name in self.tasks:
+            self.results[name].append(bool(passed))
+
+
+class _CurriculumEnv:
+    """An environment that plays the curriculum's choice and reports each outcome."""
+
+    def __init__(self, env, curriculum):
+        self._env, self._curriculum, self._name = env, curriculum, None
+
+    def reset(self, task):
+        task = self._curriculum.choose(task)
+        self._name = task.name
+        return self._env.reset(task)
+
+    def step(self, text):
+        observation, reward, done, info = self._env.step(text)
+        if done:
+            self._curriculum.record(self._name, reward > 0)
+        return observation, reward, done, info
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
 
 
 def _run_with_threads(threads, fn, *args):

@@ -267,3 +267,81 @@ def test_no_field_is_dropped_in_silence(translate, field):
     old, _ = translate(arl.RLConfig(**before))
     new, missing = translate(arl.RLConfig(**after))
     assert new != old or field in missing, f'{translate.__name__} ignores {field} silently'
+
+
+def _curriculum(window=2):
+    tasks = arl.make_tasks('train')[:3]
+    return arl.Curriculum(lambda: arl.make_env(arl.RLConfig(max_turns=3)), tasks, window), tasks
+
+
+def test_curriculum_retires_tasks_always_or_never_solved():
+    curriculum, tasks = _curriculum(window=2)
+    a, b, c = (t.name for t in tasks)
+    curriculum.record(a, True)
+    assert curriculum.informative(a)                       # one attempt is too few
+    curriculum.record(a, True)
+    curriculum.record(b, True), curriculum.record(b, False)
+    curriculum.record(c, False), curriculum.record(c, False)
+    assert curriculum.retired() == {a: 'solved', c: 'failed'}
+    curriculum.record(b, True)                                # last 2: False, True
+    assert b not in curriculum.retired()
+    curriculum.record(b, True)                                # window: the last 2 only
+    assert curriculum.retired() == {a: 'solved', b: 'solved', c: 'failed'}
+    curriculum.record('not/one-of-them', True)
+    assert 'not/one-of-them' not in curriculum.results
+
+
+def test_curriculum_plays_the_next_informative_task_renamed_alike():
+    curriculum, tasks = _curriculum(window=1)
+    curriculum.record(tasks[0].name, True)                   # retired
+    renamed = arl.randomize_names(tasks[0], __import__('random').Random(5))
+    first, second = curriculum.choose(renamed), curriculum.choose(renamed)
+    assert first.name == tasks[1].name and first == second  # a group shares its substitute
+    rng = __import__('random').Random(__import__('zlib').crc32(renamed.fn_name.encode()))
+    assert first == arl.randomize_names(tasks[1], rng)        # renamed, as the group's task
+    assert curriculum.choose(tasks[0]) is tasks[1]            # not renamed: kept as it is
+    assert curriculum.choose(tasks[1]) is tasks[1]
+    held = arl.make_tasks('heldout')[0]
+    assert curriculum.choose(held) is held
+    for t in tasks:
+        curriculum.record(t.name, False)
+    assert curriculum.choose(tasks[2]) is tasks[2]            # all retired: play it anyway
+
+
+def test_curriculum_env_reports_each_finished_episode():
+    curriculum, tasks = _curriculum(window=4)
+    env = curriculum()
+    env.reset(tasks[0])
+    done = False
+    while not done:
+        _, reward, done, _ = env.step(f'edit {tasks[0].fix_op}' if not env.ops else 'submit')
+    assert curriculum.results[tasks[0].name] == [reward > 0] == [True]
+    env = curriculum()
+    env.reset(tasks[0])
+    _, reward, done, _ = env.step('submit')                  # unfixed: fails
+    assert done and reward == 0
+    assert curriculum.results[tasks[0].name] == [True, False]
+    with pytest.raises(ValueError, match='window must be at least 1'):
+        arl.Curriculum(lambda: None, tasks, window=0)
+
+
+def test_curriculum_in_train_rl_keeps_groups_on_one_live_task(small):
+    model, tasks, tok, cfg = small
+    curriculum = arl.Curriculum(lambda: arl.make_env(cfg), tasks, window=16)
+    retired = {t.name for t in tasks[1::2]}
+    for name in retired:                   # never solved in 16 attempts; the others live on
+        for _ in range(16):
+            curriculum.record(name, False)
+    seen = []
+
+    class Watch(arl.Objective):
+        def advantages(self, batch, episodes, cfg):
+            seen.extend(t.info['task'] for t in episodes)
+            return super().advantages(batch, episodes, cfg)
+
+    arl.train_rl(model, tasks, tok, cfg, 3, env_factory=curriculum, objective=Watch())
+    groups = [seen[i:i + cfg.group_size] for i in range(0, len(seen), cfg.group_size)]
+    assert len(groups) == 3 * cfg.prompts_per_step
+    assert all(len(set(group)) == 1 for group in groups)
+    assert not retired & set(seen)
+    assert sum(len(curriculum.results[t.name]) for t in tasks[0::2]) == len(seen)
