@@ -205,15 +205,8 @@ def forward_share(base, tasks, tok, cfg, repeats=7):
         model.zero_grad()
         arl.token_log_probs(model, batch['ids'], batch['lengths'], cfg.temperature)[0].sum().backward()
 
-    times = {}
-    for name, fn in (('forward', forward_only), ('forward+backward', forward_backward)):
-        fn()
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-        times[name] = statistics.median(samples)
+    times = {name: arl.median_seconds(fn, repeats)     # one warm-up call, then the median
+             for name, fn in (('forward', forward_only), ('forward+backward', forward_backward))}
     print(f"token_log_probs on one step's {len(kept)} episodes: forward only {times['forward'] * 1000:.0f} ms, "
           f"forward + backward {times['forward+backward'] * 1000:.0f} ms "
           f"(a row with advantage 0 costs {times['forward'] / times['forward+backward']:.2f} of a learning row)")
