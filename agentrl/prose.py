@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["glue"]
+__all__ = ["glue", "bounded"]
 
 GLUE_PREFIX = "application/papermill.record/"   # myst-nb's mime prefix for hidden glue
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -39,3 +39,15 @@ def glue(**values) -> None:
     for name, value in values.items():
         display({GLUE_PREFIX + "text/plain": repr(value)}, raw=True,
                 metadata={"scrapbook": {"name": name, "mime_prefix": GLUE_PREFIX}})
+
+
+def bounded(x: float, bound: float = 1e-12) -> str:
+    """x for printing: ``'<1e-12'`` when |x| is below ``bound``, else x to two digits.
+
+    A gap that is float64 rounding has digits that depend on the CPU's order of summation, so a
+    chapter prints the bound it is under (true on any CPU), never the rounding itself. A gap
+    above the bound is a real difference and prints as a value (``'3.1e-02'``).
+    """
+    if not bound > 0:
+        raise ValueError(f"bound must be positive, got {bound!r}")
+    return f"<{bound:.0e}" if abs(x) < bound else f"{x:.1e}"

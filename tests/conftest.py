@@ -2,6 +2,7 @@
 garbage calls the environment fuzz tests send."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -10,8 +11,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+EPS64 = 2.0 ** -52                     # float64 machine epsilon (torch.finfo(torch.float64).eps)
 FIXTURE = REPO / "tests" / "fixtures" / "book"
 sys.path.insert(0, str(REPO / "tools"))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):      # two workers on two cores: one thread each
+    import torch
+    torch.set_num_threads(1)
 
 
 def copy_fixture(dest: Path) -> Path:
@@ -68,3 +74,24 @@ def garbage_call(rng, words) -> str:
     if kind < 0.5:
         return ''.join(chr(rng.randint(0, 0x2FF)) for _ in range(rng.randint(0, 8)))
     return rng.choice(['read', 'test', 'submit'] + [f'edit {op}' for op in arl.EDIT_OPS])
+
+
+def logp_roundoff(model, tokens: int, magnitude: float = 10.0) -> float:
+    """A bound, true on any CPU, for the gap between two float64 computations of a sum of
+    `tokens` log-probabilities of a TinyAgent that differ only in summation order (another
+    batch layout, another CPU's kernels).
+
+    Each log-probability is the end of a chain of accumulations: per block, a LayerNorm and
+    attention over up to max_len positions, the QKV and output projections over d_model terms,
+    the MLP over d_model and d_ff terms; then the head over d_model terms and the logsumexp over
+    the vocabulary. A sum of n terms carries a rounding error of at most n * eps times the sum
+    of their magnitudes (the standard a-priori bound); activations after LayerNorm are of order
+    one and `magnitude` covers the size of the logits. The bound is loose by design: it follows
+    from the computation, not from one machine's bits.
+    """
+    d = model.embed.embedding_dim
+    blocks = list(model.blocks)
+    d_ff = blocks[0].mlp[0].out_features if blocks else 0
+    per_block = 2 * d + model.max_len + 3 * d + d + d + d_ff
+    inner = len(blocks) * per_block + d + model.head.out_features
+    return tokens * inner * magnitude * EPS64

@@ -94,3 +94,12 @@ def test_nbval_compares_glued_values(tmp_path, recorded, passes):
                        capture_output=True, text=True, cwd=tmp_path,
                        env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
     assert (r.returncode == 0) == passes, r.stdout[-2000:]
+
+
+def test_bounded_prints_a_bound_for_rounding_and_a_value_above_it():
+    from agentrl.prose import bounded
+    assert bounded(3.1e-15) == "<1e-12" and bounded(-6.9e-17) == "<1e-12" and bounded(0.0) == "<1e-12"
+    assert bounded(2.5e-12) == "2.5e-12" and bounded(-0.031) == "-3.1e-02"
+    assert bounded(3e-9, bound=1e-8) == "<1e-08"
+    with pytest.raises(ValueError, match="bound must be positive, got 0"):
+        bounded(1.0, bound=0)

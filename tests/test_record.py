@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -53,7 +56,8 @@ def test_book_chapter_record_is_fresh_and_clean(rel):
     assert problem is None, problem
     assert output_problems(ipynb) == []
     meta = nbformat.read(ipynb, as_version=4).metadata["agentrl_record"]
-    assert {"torch", "threads", "python"} <= set(meta)
+    assert {"torch", "threads", "python", "cpu_vendor", "cpu_model", "cpu_capability",
+            "mkl_cbwr"} <= set(meta), f"{rel}: the record does not name its CPU kind (re-record)"
 
 
 def test_every_record_belongs_to_a_chapter():
@@ -126,7 +130,20 @@ def test_prose_only_update_keeps_outputs_and_refuses_code_changes(recorded_copy)
     assert r.returncode == 0, r.stderr
     assert record.stale_report(md, ipynb) is None
     assert "k = 3, s(1.5) = 9.000" in ipynb.read_text()
-    md.write_text(md.read_text().replace("s(1.5)", "s(2.5)"))
+    # the `trained` tag changes how a cell is checked, not what it runs: prose-only carries it
+    md.write_text(md.read_text().replace(":tags: [trained]\n", ""))
+    assert record.stale_report(md, ipynb) is not None
+    r = run_tool("record.py", "--root", str(recorded_copy), "--prose-only", "book/03-beta.md")
+    assert r.returncode == 0, r.stderr
+    assert record.stale_report(md, ipynb) is None and '"trained"' not in ipynb.read_text()
+    assert "after training: 12.000" in ipynb.read_text()
+    md.write_text(md.read_text().replace("```{code-cell} ipython3\nprint(f\"after",
+                                         "```{code-cell} ipython3\n:tags: [raises-exception]\n"
+                                         "print(f\"after"))
+    r = run_tool("record.py", "--root", str(recorded_copy), "--prose-only", "book/03-beta.md")
+    assert r.returncode != 0 and "code changed" in (r.stderr + r.stdout)   # other tags do run
+    md.write_text(md.read_text().replace(":tags: [raises-exception]\n", "")
+                  .replace("s(1.5)", "s(2.5)"))
     r = run_tool("record.py", "--root", str(recorded_copy), "--prose-only", "book/03-beta.md")
     assert r.returncode != 0 and "code changed" in (r.stderr + r.stdout)
 
@@ -179,17 +196,80 @@ def test_check_with_no_records_skips_cleanly(book):
     assert r.returncode == 0 and "nbval step skipped" in r.stdout
 
 
-def test_other_kernels_report_counts_cells_that_hold_per_chapter(recorded_copy):
+def report_rows(stdout: str) -> dict[str, list]:
+    """check.py's per-chapter table: name -> [mode, cells, held, marked, m.held, m.diff, failed]."""
+    rows = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if parts[:1] and (parts[0].endswith(".ipynb") or parts[0] == "all") and len(parts) in (7, 8):
+            mode = parts[1] if len(parts) == 8 else ""
+            rows[parts[0]] = [mode] + [int(x) for x in parts[-6:]]
+    return rows
+
+
+def _set_output(ipynb: Path, old: str, new: str):
+    text = ipynb.read_text()
+    assert old in text
+    ipynb.write_text(text.replace(old, new))
+
+
+def test_contract_reports_a_trained_cell_that_differs_and_fails_an_unmarked_one(recorded_copy):
     ipynb = recorded_copy / "book/recorded/03-beta.ipynb"
-    ipynb.write_text(ipynb.read_text().replace("9.000", "9.001"))
+    _set_output(ipynb, "after training: 12.000", "after training: 12.001")
+    r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "contract", str(ipynb))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    mode, cells, held, marked, m_held, m_diff, failed = report_rows(r.stdout)["03-beta.ipynb"]
+    assert (mode, marked, m_held, m_diff, failed) == ("contract", 1, 0, 1, 0)
+    assert held == cells - 1
+    assert "outputs reported, not compared" in r.stdout and "after training" in r.stdout
+    # the same record compared exactly fails; so does an unmarked difference under the contract
+    r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "exact", str(ipynb))
+    assert r.returncode != 0 and report_rows(r.stdout)["03-beta.ipynb"][-1] == 1
+    _set_output(ipynb, "9.000", "9.001")
+    r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "contract", str(ipynb))
+    assert r.returncode != 0
+    assert "FAILED (outputs differ and the cell is not tagged 'trained')" in r.stdout
+
+
+def test_contract_fails_a_trained_cell_that_raises(recorded_copy):
+    ipynb = recorded_copy / "book/recorded/03-beta.ipynb"
+    nb = nbformat.read(ipynb, as_version=4)
+    cell = next(c for c in nb.cells if "trained" in c.metadata.get("tags", []))
+    cell.source = "raise RuntimeError('a trained cell that breaks')"
+    nbformat.write(nb, ipynb)
+    r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "contract", str(ipynb))
+    assert r.returncode != 0
+    assert "FAILED (raised, timed out or failed to run)" in r.stdout
+
+
+def test_auto_mode_is_exact_on_the_recording_kind_and_contract_elsewhere(recorded_copy):
+    ipynb = recorded_copy / "book/recorded/03-beta.ipynb"
+    meta = nbformat.read(ipynb, as_version=4).metadata["agentrl_record"]
+    assert {"cpu_vendor", "cpu_model", "cpu_capability", "mkl_cbwr"} <= set(meta)
+    r = run_tool("check.py", "--root", str(recorded_copy), str(ipynb))
+    assert r.returncode == 0 and "mode exact (this machine is the recording CPU kind)" in r.stdout
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.metadata["agentrl_record"]["cpu_model"] = "Another CPU (family 0, model 0)"
+    nbformat.write(nb, ipynb)
+    _set_output(ipynb, "after training: 12.000", "after training: 12.001")
+    r = run_tool("check.py", "--root", str(recorded_copy), str(ipynb))
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "mode contract (another CPU kind" in r.stdout and "Another CPU" in r.stdout
+    env_run = subprocess.run([sys.executable, str(REPO / "tools/check.py"), "--root",
+                              str(recorded_copy), str(ipynb)], capture_output=True, text=True,
+                             env={**os.environ, "AGENTRL_CHECK_MODE": "exact"})
+    assert env_run.returncode != 0 and "mode exact for every record (forced)" in env_run.stdout
+    r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "sometimes", str(ipynb))
+    assert r.returncode == 2 and "'sometimes'" in r.stderr and "exact" in r.stderr
+
+
+def test_other_kernels_checks_that_every_unmarked_cell_holds(recorded_copy):
     r = run_tool("check.py", "--root", str(recorded_copy), "--other-kernels", "--jobs", "2")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
-    rows = {line.split()[0]: [int(x) for x in line.split()[1:]]
-            for line in r.stdout.splitlines() if line.split()[:1] and (
-                line.split()[0].endswith(".ipynb") or line.split()[0] == "all")
-            and len(line.split()) == 4}
-    beta = rows["03-beta.ipynb"]
-    assert beta[0] >= 2 and beta[2] == 1 and beta[1] == beta[0] - 1
-    assert rows["all"][2] == 1 and rows["all"][0] == sum(v[0] for k, v in rows.items()
-                                                         if k != "all")
-    assert "MKL_CBWR=COMPATIBLE" in r.stdout
+    rows = report_rows(r.stdout)
+    assert rows["all"][1] == sum(v[1] for k, v in rows.items() if k != "all")
+    assert rows["03-beta.ipynb"][3] == 1 and rows["all"][-1] == 0
+    assert "MKL_CBWR=COMPATIBLE" in r.stdout and "every unmarked cell holds" in r.stdout
+    _set_output(recorded_copy / "book/recorded/03-beta.ipynb", "9.000", "9.001")
+    r = run_tool("check.py", "--root", str(recorded_copy), "--other-kernels", "--jobs", "2")
+    assert r.returncode == 1 and report_rows(r.stdout)["all"][-1] == 1

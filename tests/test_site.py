@@ -18,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import urllib.request
 from pathlib import Path
 from urllib.parse import urljoin
@@ -29,7 +30,8 @@ import agentrl_sphinx
 import smoke
 from conftest import REPO
 
-pytestmark = pytest.mark.site
+# one xdist worker builds each site once for the whole file (tools/test_all.sh: --dist loadgroup)
+pytestmark = [pytest.mark.site, pytest.mark.xdist_group("site")]
 SHOTS = REPO / "_build" / "smoke"
 
 
@@ -91,12 +93,28 @@ def test_smoke_catches_broken_links_and_images(fixture_site, tmp_path):
     html = page.read_text().replace('href="02-alpha.html#sec-alpha-figure"',
                                     'href="02-alpha.html#no-such-anchor"', 1)
     page.write_text(html.replace("</article>", '<img src="missing.png"/><a href="gone.html">x</a>'
+                                               # a role split so its next line starts with %
+                                               "<p>builds on {numref}`Chapter</p>"
+                                               "<p>```{note} a fence left raw</p>"
+                                               "<pre>{numref}`fine in code`</pre>"
                                                "</article>", 1))
     report = smoke.smoke(site, ["book/recorded/03-beta.html"])
     problems = "\n".join(report["book/recorded/03-beta.html"])
     assert "broken anchor: 02-alpha.html#no-such-anchor" in problems
     assert "image does not load: missing.png" in problems
     assert "broken link: gone.html" in problems
+    raw = [p for p in report["book/recorded/03-beta.html"] if p.startswith("raw MyST markup")]
+    assert len(raw) == 2 and "builds on {numref}`Chapter" in raw[0], raw
+    assert "```{note}" in raw[1] and "fine in code" not in problems
+
+
+def test_raw_markup_reads_prose_only():
+    page = ('<p>See {glue:text}`x` and {ref}`y`.</p><div class="cell_output"><pre>{eq}`z`'
+            '</pre></div><span class="math">{eq}`w`</span><code>{numref}`v`</code>'
+            '<p>a <a href="#">{doc}`u</a> and :::{admonition} left</p>')
+    found = smoke.raw_markup(page)
+    assert len(found) == 4, found                       # glue:text, ref, doc, the fence
+    assert not any("{eq}" in f or "{numref}" in f for f in found), found
 
 
 def test_strict_build_fails_on_a_broken_reference(recorded_copy, tmp_path):
@@ -284,9 +302,15 @@ def test_downloaded_chapter_runs_outside_the_repository(book_site, tmp_path):
     for f in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / f, src / f)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                    str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = venv / "bin" / "python"
+    # the venv sees what the setup installed into *this* environment (torch, nbclient, the
+    # build backend), not the base interpreter's (what --system-site-packages would give when
+    # this environment is itself a venv); the editable agentrl's .pth is not processed there
+    inner = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()"
+                            "['purelib'])"], capture_output=True, text=True, check=True)
+    outer = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    Path(inner.stdout.strip(), "_agentrl_test_outer.pth").write_text("\n".join(outer) + "\n")
     r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
                         "--no-deps", "--no-build-isolation", "--no-index", "--ignore-installed",
                         str(src)], capture_output=True, text=True)

@@ -8,8 +8,8 @@ Usage::
     python tools/record.py --all                  # every chapter listed in _toc.yml
     python tools/record.py --out /tmp/rec book/04-bugfix-gym.md   # a scratch record elsewhere
     python tools/record.py --prose-only book/04-bugfix-gym.md
-        # only the markdown changed: copy the new prose, keep the recorded outputs
-        # (refuses if any code cell differs from the record)
+        # only the markdown (or a cell's `trained` tag) changed: copy the new prose and
+        # tags, keep the recorded outputs (refuses if any code cell differs from the record)
 
 Steps: run the tangler (fail if it fails), convert the chapter with jupytext, execute it with
 nbclient in a fresh kernel started exactly as nbval starts it (see tools/bookenv.py: this
@@ -35,12 +35,7 @@ import bookenv  # noqa: E402
 import tangle  # noqa: E402
 
 PROBE_MARK = "# agentrl-record-probe"
-PROBE = PROBE_MARK + """
-import json as _j, platform as _p, torch as _t
-print(_j.dumps({"torch": _t.__version__, "threads": _t.get_num_threads(),
-                "cpu_capability": _t.backends.cpu.get_cpu_capability(),
-                "python": _p.python_version()}))
-"""
+PROBE = PROBE_MARK + bookenv.PROBE_CODE   # torch, threads, CPU vendor/model/capability, MKL_CBWR
 VOLATILE_CELL_METADATA = ("execution", "collapsed", "scrolled", "ExecuteTime")
 
 
@@ -63,11 +58,17 @@ def source_notebook(md: Path) -> nbformat.NotebookNode:
 
 
 PROSE_CELL_METADATA = ("mystnb",)   # figure captions and names: prose, not code (--prose-only may change them)
+CHECK_ONLY_TAGS = ("trained",)      # tags that change how a cell is checked, not what it runs
+                                    # (--prose-only may add or remove them: tools/check.py)
 
 
 def _cell_key(cell, ignore=()) -> tuple:
     meta = {k: v for k, v in cell.get("metadata", {}).items()
             if k not in VOLATILE_CELL_METADATA and k not in ignore}
+    if "tags" in ignore and "tags" in cell.get("metadata", {}):
+        tags = [t for t in cell.metadata["tags"] if t not in CHECK_ONLY_TAGS]
+        if tags:
+            meta["tags"] = tags
     return (cell.cell_type, cell.source, json.dumps(meta, sort_keys=True))
 
 
@@ -85,7 +86,7 @@ def stale_report(md: Path, ipynb: Path, code_only: bool = False) -> str | None:
     for i in range(max(len(src), len(rec))):
         a = src[i] if i < len(src) else None
         b = rec[i] if i < len(rec) else None
-        ignore = PROSE_CELL_METADATA if code_only else ()
+        ignore = PROSE_CELL_METADATA + ("tags",) if code_only else ()
         if a is None or b is None or _cell_key(a, ignore) != _cell_key(b, ignore):
             if a is None or b is None:
                 detail = ("the record has extra cells from here" if a is None
@@ -199,7 +200,8 @@ def main(argv=None) -> int:
     ap.add_argument("chapters", nargs="*", help="chapter sources, e.g. book/04-bugfix-gym.md")
     ap.add_argument("--all", action="store_true", help="every chapter in _toc.yml")
     ap.add_argument("--prose-only", action="store_true",
-                    help="keep recorded outputs, update prose (code cells must be unchanged)")
+                    help="keep recorded outputs, update prose and `trained` tags (code cells must "
+                         "be unchanged)")
     ap.add_argument("--root", type=Path, default=bookenv.REPO,
                     help="book root (default: this repo)")
     ap.add_argument("--out", type=Path, default=None,

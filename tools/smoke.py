@@ -9,7 +9,10 @@ and the resulting DOM is checked: a title and an ``<h1>``; every ``<img>`` loads
 the local server, or a ``data:`` URI); every script and stylesheet is served locally (the site
 must work offline); every internal ``<a href>`` points to an existing file and its ``#anchor``
 exists in the target page; pages with math have MathJax output (``mjx-container``) and no
-MathJax error (``mjx-merror``).
+MathJax error (``mjx-merror``); and the page's text outside code, math and cell outputs shows
+no unrendered MyST markup (``raw_markup``: a role such as ``{numref}`` or ``{glue:text}``, or a
+directive fence such as ```` ```{note} ````), which is what a role split so that its next line
+starts with ``%`` (a MyST comment) leaves behind.
 
 Layout (issue 14): every page is also opened at window widths of 1280 and 1600 px
 (``WIDTHS``) with a measuring script injected by the local server (``?agentrl-smoke``). It
@@ -159,6 +162,50 @@ class _Page(HTMLParser):
     def handle_data(self, data):
         if self._in_title:
             self.title += data
+
+
+RAW_ROLE = re.compile(r"\{(?:numref|ref|eq|doc|term|download|abbr|math"
+                      r"|glue(?::[a-z]+)?|cite(?::[a-z]+)?)\}`?")
+RAW_FENCE = re.compile(r"(?:`{3,}|:{3,})\s*\{[\w-]+\}")
+_VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source",
+         "track", "wbr"}
+_SKIP_TAGS = {"pre", "code", "script", "style", "mjx-container", "math", "textarea"}
+_SKIP_CLASSES = {"math", "cell_output", "output", "highlight", "literal"}
+
+
+class _ProseText(HTMLParser):
+    """The text a reader sees outside code, math and cell outputs (for raw_markup)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.stack: list[bool] = []      # per open element: is it (inside) a skipped element
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in _VOID:
+            return
+        classes = set((dict(attrs).get("class") or "").split())
+        skip = tag in _SKIP_TAGS or bool(classes & _SKIP_CLASSES)
+        self.stack.append(skip or (bool(self.stack) and self.stack[-1]))
+
+    def handle_endtag(self, tag):
+        if tag not in _VOID and self.stack:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        if not (self.stack and self.stack[-1]):
+            self.text.append(data)
+
+
+def raw_markup(html: str) -> list[str]:
+    """Unrendered MyST roles and directive fences in a page's prose -> short excerpts."""
+    p = _ProseText()
+    p.feed(html)
+    text = " ".join(" ".join(p.text).split())
+    found = []
+    for m in list(RAW_ROLE.finditer(text)) + list(RAW_FENCE.finditer(text)):
+        found.append(text[max(0, m.start() - 30):m.end() + 30])
+    return found
 
 
 def parse(html: str) -> _Page:
@@ -360,6 +407,8 @@ def check_page(server_url: str, html_dir: Path, page: str, _id_cache: dict | Non
                 known = ids[path]
             if frag not in known:
                 problems.append(f"broken anchor: {href}")
+    for excerpt in raw_markup((html_dir / page).read_text(encoding="utf-8")):
+        problems.append(f"raw MyST markup in the text: ...{excerpt}...")
     if static.math and dom.mjx == 0:
         problems.append(f"{static.math} math elements but MathJax typeset none")
     if dom.mjx_errors:
