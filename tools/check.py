@@ -166,7 +166,7 @@ def print_report(nbs, modes, cells) -> int:
         for c in reported:
             notes.append(f"  {name} cell {c['cell']} (trained; outputs reported, not compared): "
                          f"{c['first_line']}" + "".join(f"\n      {line}" for line in
-                                                       c["diff"].splitlines()[:3]))
+                                                       c["diff"].splitlines()[:4]))
         for c in failed:
             why = ("outputs differ and the cell is not tagged 'trained'" if
                    c["status"] == "differs" and not c["marked"] else

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -32,6 +33,18 @@ def cell_tags(item) -> list[str]:
     cell = getattr(item, "cell", None)
     tags = cell.get("metadata", {}).get("tags", []) if cell is not None else []
     return list(tags) if isinstance(tags, list) else []
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NBVAL_BOILERPLATE = ("mismatch ", "assert reference_output == test_output failed")
+
+
+def diff_lines(traceback, n: int = 4) -> str:
+    """The first n informative lines of nbval's comparison report (no colours, no headers)."""
+    lines = [ANSI.sub("", line).rstrip() for line in str(traceback or "").splitlines()]
+    keep = [line for line in lines if line.strip() and not line.strip().startswith(
+        NBVAL_BOILERPLATE)]
+    return "\n".join(line[:100] for line in keep[:n])
 
 
 class Contract:
@@ -51,10 +64,7 @@ class Contract:
         exc = call.excinfo.value if call.excinfo is not None else None
         differs = exc is not None and str(exc) == DIFFER_MESSAGE
         status = "held" if rep.passed else ("differs" if differs else "failed")
-        diff = ""
-        if differs:
-            diff = "\n".join(str(getattr(exc, "inner_traceback", "") or "").strip()
-                             .splitlines()[:6])
+        diff = diff_lines(getattr(exc, "inner_traceback", "")) if differs else ""
         if status == "differs" and marked and self.modes.get(notebook) == "contract":
             rep.outcome, rep.longrepr = "passed", None       # reported, not compared
         lines = str(item.cell.get("source", "")).strip().splitlines()
