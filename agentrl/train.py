@@ -21,6 +21,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -223,9 +224,26 @@ def parse_args(argv=None):
         parser.error(f'invalid configuration: {problem}')
     if args.out is None:
         args.out = str(Path('runs') / f'{args.variant}-seed{cfg.seed}')
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        parser.error(f'--out must be a directory (new or existing), got the file {args.out!r}')
+    problem = out_dir_problem(Path(args.out))
+    if problem:
+        parser.error(f'--out {args.out!r}: {problem}')
     return args, cfg
+
+
+def out_dir_problem(out):
+    """Why the run folder `out` cannot be made and written (checked before any work), or None."""
+    if out.exists():
+        if not out.is_dir():
+            return 'is a file; --out must be a directory (new or existing)'
+        return None if os.access(out, os.W_OK | os.X_OK) else 'is a directory this user cannot write'
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f'its parent {str(parent)!r} is a file, so the folder cannot be made'
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f'its parent {str(parent)!r} is a directory this user cannot write'
+    return None
 
 
 def _jsonable(value):

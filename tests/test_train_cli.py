@@ -201,3 +201,17 @@ def test_check_ranges_accepts_defaults_and_variants():
     assert train.check_ranges(arl.RLConfig()) is None
     for fields in arl.VARIANTS.values():
         assert train.check_ranges(arl.RLConfig(**fields)) is None
+
+
+def test_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys):
+    afile = tmp_path / 'afile'
+    afile.write_text('not a folder')
+    for out, words in ((afile, 'is a file'), (afile / 'sub', 'its parent'),
+                       (afile / 'a' / 'b', 'its parent')):
+        with pytest.raises(SystemExit) as stop:
+            train.parse_args(['--out', str(out)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert words in err and str(out) in err, err
+    args, _ = train.parse_args(['--out', str(tmp_path / 'new' / 'run')])   # made later, whole
+    assert args.out == str(tmp_path / 'new' / 'run') and not (tmp_path / 'new').exists()
