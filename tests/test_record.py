@@ -222,9 +222,8 @@ def test_contract_reports_a_trained_cell_that_differs_and_fails_an_unmarked_one(
     assert (mode, marked, m_held, m_diff, failed) == ("contract", 1, 0, 1, 0)
     assert held == cells - 1
     assert "outputs reported, not compared" in r.stdout and "after training" in r.stdout
-    # the same record compared exactly fails; so does an unmarked difference under the contract
-    r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "exact", str(ipynb))
-    assert r.returncode != 0 and report_rows(r.stdout)["03-beta.ipynb"][-1] == 1
+    # an unmarked difference fails under the contract (compared exactly, the trained one fails
+    # too: test_auto_mode_is_exact_on_the_recording_kind_and_contract_elsewhere)
     _set_output(ipynb, "9.000", "9.001")
     r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "contract", str(ipynb))
     assert r.returncode != 0
@@ -259,6 +258,7 @@ def test_auto_mode_is_exact_on_the_recording_kind_and_contract_elsewhere(recorde
                               str(recorded_copy), str(ipynb)], capture_output=True, text=True,
                              env={**os.environ, "AGENTRL_CHECK_MODE": "exact"})
     assert env_run.returncode != 0 and "mode exact for every record (forced)" in env_run.stdout
+    assert report_rows(env_run.stdout)["03-beta.ipynb"][-1] == 1      # the trained cell fails
     r = run_tool("check.py", "--root", str(recorded_copy), "--mode", "sometimes", str(ipynb))
     assert r.returncode == 2 and "'sometimes'" in r.stderr and "exact" in r.stderr
 
@@ -270,6 +270,7 @@ def test_other_kernels_checks_that_every_unmarked_cell_holds(recorded_copy):
     assert rows["all"][1] == sum(v[1] for k, v in rows.items() if k != "all")
     assert rows["03-beta.ipynb"][3] == 1 and rows["all"][-1] == 0
     assert "MKL_CBWR=COMPATIBLE" in r.stdout and "every unmarked cell holds" in r.stdout
-    _set_output(recorded_copy / "book/recorded/03-beta.ipynb", "9.000", "9.001")
-    r = run_tool("check.py", "--root", str(recorded_copy), "--other-kernels", "--jobs", "2")
+    beta = recorded_copy / "book/recorded/03-beta.ipynb"
+    _set_output(beta, "9.000", "9.001")
+    r = run_tool("check.py", "--root", str(recorded_copy), "--other-kernels", str(beta))
     assert r.returncode == 1 and report_rows(r.stdout)["all"][-1] == 1

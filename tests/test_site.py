@@ -30,8 +30,7 @@ import agentrl_sphinx
 import smoke
 from conftest import REPO
 
-# one xdist worker builds each site once for the whole file (tools/test_all.sh: --dist loadgroup)
-pytestmark = [pytest.mark.site, pytest.mark.xdist_group("site")]
+pytestmark = pytest.mark.site   # tools/test_all.sh: --dist loadfile, so each site is built once
 SHOTS = REPO / "_build" / "smoke"
 
 
