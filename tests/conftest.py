@@ -95,3 +95,10 @@ def logp_roundoff(model, tokens: int, magnitude: float = 10.0) -> float:
     per_block = 2 * d + model.max_len + 3 * d + d + d + d_ff
     inner = len(blocks) * per_block + d + model.head.out_features
     return tokens * inner * magnitude * EPS64
+
+
+def pytest_collection_modifyitems(config, items):
+    """The site tests (the longest group: two strict builds and the browser smoke test) first,
+    so that with pytest-xdist one worker starts on them at once while the other runs the rest;
+    the order within each part is kept."""
+    items.sort(key=lambda item: item.get_closest_marker("site") is None)

@@ -30,7 +30,9 @@ import agentrl_sphinx
 import smoke
 from conftest import REPO
 
-pytestmark = pytest.mark.site   # tools/test_all.sh: --dist loadfile, so each site is built once
+# one xdist worker runs the whole file, so each site is built once (tools/test_all.sh runs
+# pytest with --dist loadgroup)
+pytestmark = [pytest.mark.site, pytest.mark.xdist_group("site")]
 SHOTS = REPO / "_build" / "smoke"
 
 

@@ -15,6 +15,7 @@ import agentrl as arl
 from agentrl import train
 
 REPO = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.xdist_group('train-cli')     # one worker: the module's run is made once
 
 
 def run_cli(*args, cwd=None, timeout=900):

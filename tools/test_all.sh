@@ -4,9 +4,9 @@
 #   2. tangle --check      the committed agentrl/ matches the chapters
 #   3. pytest tests        unit/property tests of the library and the tools, stale-record test,
 #                          strict site builds (fixture book and this book) + Chromium smoke test
-#                          (two worker processes, pytest-xdist, one test file per worker at a
-#                          time so module fixtures such as the built site are made once; the
-#                          slowest 15 tests listed)
+#                          (two worker processes, pytest-xdist; files whose module fixtures
+#                          are costly, the built sites and the CLI run, are xdist groups that
+#                          one worker runs whole; the slowest 15 tests listed)
 #   4. nbval               re-run every recorded chapter under the contract (tools/check.py):
 #                          on the CPU kind that recorded a chapter every output compares; on
 #                          another kind, cells tagged `trained` run and their outputs are
@@ -28,7 +28,7 @@ step() {  # step NAME CMD...: run, time, remember failure
   [[ $rc -eq 0 ]] || fail=1
 }
 step tangle-check $PY tools/tangle.py --check
-step pytest $PY -m pytest tests -p no:cacheprovider -n 2 --dist loadfile --durations=15
+step pytest $PY -m pytest tests -p no:cacheprovider -n 2 --dist loadgroup --durations=15
 step nbval $PY tools/check.py --jobs 2
 echo
 if [[ $fail -ne 0 ]]; then echo "test_all: FAILED"; exit 1; fi
