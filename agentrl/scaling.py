@@ -18,7 +18,6 @@ __all__ = [
     'padding_shares',
     'padded_log_probs',
     'Curriculum',
-    'check_reachable',
     'RayExecutor',
     'one_by_one',
     'ENVIRONMENT_FIELDS',
@@ -54,6 +53,7 @@ import zlib
 import torch
 
 import agentrl as arl
+from agentrl import plumbing
 
 
 def median_seconds(fn, repeats=5, warmup=1):
@@ -227,30 +227,16 @@ def _op_kind(name):
 
 
 @contextlib.contextmanager
-def _stderr_to_devnull():
-    """Inside the block, the process's stderr (fd 2, C++ too) goes to /dev/null."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, 'w') as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-@contextlib.contextmanager
 def cpu_profile():
     """torch.profiler over the block, CPU ops -> the profiler. torch 2.13 prints a
-    timestamped line to stderr when profiling starts and stops; those two go nowhere."""
+    timestamped line to stderr when profiling starts and stops; those two are dropped."""
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
-    with _stderr_to_devnull():
+    with plumbing.stderr_captured():
         profiler.__enter__()
     try:
         yield profiler
     finally:
-        with _stderr_to_devnull():
+        with plumbing.stderr_captured():
             profiler.__exit__(None, None, None)
 
 
@@ -440,73 +426,87 @@ class _CurriculumEnv:
 
 
 def _run_with_threads(threads, fn, *args):
-    """fn(*args) in a Ray worker, with torch set to the caller's thread count."""
+    """fn(*args) in a Ray worker, with torch on `threads` threads (the CPUs the task
+    asked for)."""
     import torch
     torch.set_num_threads(threads)
     return fn(*args)
 
 
-def check_reachable(address, timeout=5.0):
-    """Fail fast if nothing listens at a Ray 'host:port' (ray.init would retry for
-    minutes)."""
-    host, _, port = address.rpartition(':')
-    if not host or not port.isdigit():
-        raise ValueError(f"a Ray address is 'host:port', 'auto' or None, "
-                         f"got {address!r}")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as error:
-        raise ConnectionError(f'cannot reach a Ray cluster at {address!r} ({error}); '
-                              f'address=None starts a local Ray') from error
-
-
 class RayExecutor:
-    """train_many's executor on Ray: each job one task of one CPU, on a local Ray
-    (address None, num_cpus) or on the cluster at address ('host:port' or 'auto')."""
+    """train_many's executor on Ray: each job one task of cpus_per_run CPUs, on a local
+    Ray (address None, num_cpus) or on the cluster at address (see ADDRESS_FORMS)."""
 
-    def __init__(self, address=None, num_cpus=None):
+    def __init__(self, address=None, num_cpus=None, cpus_per_run=1, retries=2):
         if address not in (None, 'auto'):
-            check_reachable(address)
+            plumbing.check_reachable(address)
         self.address, self.num_cpus = address, num_cpus
+        self.cpus_per_run, self.retries = cpus_per_run, retries
 
     def connect(self):
-        """Start or join Ray, once per process -> the ray module."""
-        # Ray's notes in a notebook without ipywidgets: a tqdm warning, an INFO line
-        logging.getLogger('ray.widgets.util').setLevel(logging.WARNING)
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')
-            import ray
+        """Start or join Ray, once per process -> the ray module; a cluster that
+        refuses us is a ConnectionError that names the fix."""
+        with plumbing.quiet_ray() as ray:
             if not ray.is_initialized():
-                ray.init(address=self.address, num_cpus=self.num_cpus,
-                         include_dashboard=False, log_to_driver=False,
-                         logging_level='error')
+                with plumbing.stderr_captured() as said:
+                    try:
+                        ray.init(**self._init_options())
+                    except Exception as error:
+                        raise plumbing.join_failure(self.address, error,
+                                                    said()) from None
         return ray
 
-    def __call__(self, fn, jobs):
-        """fn(*job) for every job as Ray tasks, gathered once -> results in job
-        order."""
-        import torch
+    def _init_options(self):
+        """ray.init's arguments: a fresh local Ray, or a cluster that gets this
+        package's code (its workers need torch, not agentrl)."""
+        options = dict(include_dashboard=False, log_to_driver=False,
+                       logging_level='error')
+        if self.address is None:
+            return dict(options, address='local', num_cpus=self.num_cpus)
+        package = os.path.dirname(arl.__file__)
+        return dict(options, address=self.address,
+                    runtime_env={'py_modules': [package], 'excludes': ['__pycache__']})
+
+    def as_completed(self, fn, jobs):
+        """(index, fn(*job)) for every job, all submitted at once, in the order they
+        finish; a failed job is a RuntimeError once the others are done."""
         ray = self.connect()
-        task = ray.remote(num_cpus=1, max_retries=0)(_run_with_threads)
-        refs = [task.remote(torch.get_num_threads(), fn, *job) for job in jobs]
-        try:
-            return ray.get(refs)
-        except ray.exceptions.RayError as error:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
-            failed = [i for i, ref in enumerate(refs) if ref in ready
-                      and _raises(ray, ref)]
-            raise RuntimeError(f'jobs {failed} of {len(jobs)} failed on Ray '
-                               f'({type(error).__name__}); no result is returned'
-                               ) from error
+        task = ray.remote(num_cpus=self.cpus_per_run, max_retries=self.retries)(
+            _run_with_threads)
+        shared = _shared_refs(ray, jobs)
+        refs = [task.remote(self.cpus_per_run, fn,
+                            *(shared.get(id(arg), arg) for arg in job)) for job in jobs]
+        index, failed = {ref: i for i, ref in enumerate(refs)}, {}
+        pending = list(refs)
+        while pending:
+            (ref,), pending = ray.wait(pending, num_returns=1)
+            try:
+                result = ray.get(ref)
+            except ray.exceptions.RayError as error:
+                failed[index[ref]] = error
+                continue
+            yield index[ref], result
+        if failed:
+            first = failed[min(failed)]
+            raise RuntimeError(f'jobs {sorted(failed)} of {len(jobs)} failed on Ray '
+                               f'({type(first).__name__}); the others finished'
+                               ) from first
+
+    def __call__(self, fn, jobs):
+        """fn(*job) for every job as Ray tasks -> results in job order."""
+        results = [None] * len(jobs)
+        for i, result in self.as_completed(fn, jobs):
+            results[i] = result
+        return results
 
 
-def _raises(ray, ref):
-    """Whether getting a finished Ray object raises."""
-    try:
-        ray.get(ref)
-    except Exception:
-        return True
-    return False
+def _shared_refs(ray, jobs):
+    """Each argument object that every job passes (the model, the tasks, the tokenizer)
+    put in Ray's object store once -> {id(object): its reference}."""
+    first = jobs[0] if jobs else ()
+    return {id(arg): ray.put(arg) for k, arg in enumerate(first)
+            if len(jobs) > 1 and all(job[k] is arg for job in jobs)
+            and not isinstance(arg, (int, float, str, type(None)))}
 
 
 def one_by_one(executor):

@@ -1,30 +1,37 @@
 """Command line entry point: a sweep of Chapter 9 presets x seeds, resumable, locally or on Ray.
 
     python -m agentrl.sweep --out runs/sweep --presets default dapo --seeds 0 1 2 --steps 40
-    python -m agentrl.sweep --out runs/sweep ... --ray auto        # the Ray cluster this node is in
     python -m agentrl.sweep --out runs/sweep ... --ray local       # a local Ray instead of a pool
+    python -m agentrl.sweep --out runs/sweep ... --ray auto        # the Ray cluster this node is in
+    python -m agentrl.sweep --out runs/sweep ... --ray HOST:PORT   # or ray://HOST:PORT, [IPv6]:PORT
 
 Every run trains the RL base agent (``make_rl_base``) with ``RLConfig(**VARIANTS[preset], seed=s)``
 (``default``: ``RLConfig(seed=s)``) through ``train_many``, and writes ``<out>/<preset>-seed<s>/``
 with ``history.json``, ``config.json`` and ``eval.json`` (held-out, 8 episodes per task), as
-``agentrl.train`` does. A run's directory appears only when all three files are written, so an
-interrupted sweep resumes by running the same command again: finished runs are kept, the others
-run. ``<out>/sweep.json`` records the sweep's settings; a sweep directory holding other settings is
-refused. At the end ``<out>/summary.csv`` and ``<out>/summary.png`` (mean training reward per
-preset, one line per seed) are written and the summary table is printed.
+``agentrl.train`` does. Every run starts at once (up to ``--processes`` locally; on Ray, as many as
+the cluster has CPUs) and each is written the moment it finishes, durably and whole
+(``agentrl.runs``): an interrupted sweep resumes by running the same command again, keeping every
+finished run. A run folder counts as finished only if its files parse and its ``config.json``
+names this sweep's run. ``<out>/sweep.json`` records the sweep's settings and a folder holding
+other settings is refused; two sweeps cannot write one ``--out`` at once. A Ray cluster is joined
+before any work or any file is written, and a failure to join exits with code 2 naming the fix
+(a cluster started with ``ray start`` uses token authentication: see ``RayExecutor``). At the end
+``<out>/summary.csv`` and ``<out>/summary.png`` (mean training reward per preset, one line per
+seed) are written and the summary table is printed.
 
 This module is hand-written (not tangled from a chapter); chapter 14 demonstrates it.
 """
 import argparse
-import json
-import shutil
+import multiprocessing
 import sys
 from pathlib import Path
 
 import agentrl as arl
-from agentrl.train import EVAL_SAMPLES, _write_json
+from agentrl import policies, runs
+from agentrl.train import EVAL_SAMPLES, MAX_SEED, check_ranges
 
 SETTINGS = ('presets', 'seeds', 'steps', 'base_seed')
+RUN_FILES = ('history.json', 'config.json', 'eval.json')
 
 
 def build_parser():
@@ -38,14 +45,17 @@ def build_parser():
     parser.add_argument('--steps', type=int, default=40)
     parser.add_argument('--base-seed', type=int, default=0)
     parser.add_argument('--processes', type=int, default=2,
-                        help='local worker processes (without --ray)')
+                        help='local worker processes (without --ray; with --ray local, its CPUs)')
     parser.add_argument('--ray', default=None, metavar='ADDRESS',
-                        help="run on Ray: 'local', 'auto' or 'host:port'")
+                        help="run on Ray: 'local', 'auto', 'host:port', 'ray://host:port' "
+                             "or '[ipv6]:port'")
     parser.add_argument('--no-progress', action='store_true')
     return parser
 
 
 def parse_args(argv=None):
+    """Parse and check argv, join Ray if asked -> args (args.executor: a RayExecutor or None);
+    bad options, another sweep's folder or an unreachable cluster exit with code 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.steps < 1 or args.processes < 1:
@@ -53,17 +63,33 @@ def parse_args(argv=None):
                      f'got {args.steps} and {args.processes}')
     if len(set(args.seeds)) != len(args.seeds) or len(set(args.presets)) != len(args.presets):
         parser.error('--seeds and --presets must not repeat a value')
+    if not 0 <= args.base_seed <= MAX_SEED:
+        parser.error(f'--base-seed must be in [0, {MAX_SEED}], got {args.base_seed}')
+    for preset in args.presets:                      # the train command's own checks
+        for seed in args.seeds:
+            problem = check_ranges(config_for(preset, seed))
+            if problem:
+                parser.error(f'--seeds / --presets: {problem}')
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         parser.error(f'--out must be a directory, got the file {args.out!r}')
-    recorded = out / 'sweep.json'
-    if recorded.exists():
-        old, new = json.loads(recorded.read_text()), settings(args)
+    old = runs.read_json(out / 'sweep.json')
+    if old is not None:
+        new = settings(args)
         differ = [key for key in SETTINGS if old.get(key) != new[key]]
         if differ:
             parser.error(f'{args.out} holds a sweep with other settings ('
                          + ', '.join(f'{k}: {old.get(k)} there, {new[k]} asked' for k in differ)
                          + '); choose another --out or repeat its settings to resume it')
+    args.executor = None
+    if args.ray is not None:
+        try:
+            args.executor = arl.RayExecutor(
+                address=None if args.ray == 'local' else args.ray,
+                num_cpus=args.processes if args.ray == 'local' else None)
+            args.executor.connect()
+        except (ConnectionError, ValueError) as error:
+            parser.error(f'--ray {args.ray}: {error}')
     return args
 
 
@@ -80,19 +106,25 @@ def run_dir(out, preset, seed):
     return Path(out) / f'{preset}-seed{seed}'
 
 
-def write_run(out, preset, seed, model, history, steps):
-    """Evaluate model on the held-out tasks and write its run directory, all or nothing."""
+def identity(args, preset, seed):
+    """What a run's config.json must hold to belong to this sweep."""
+    return dict(preset=preset, seed=seed, steps=args.steps, base_seed=args.base_seed)
+
+
+def is_finished(out, args, preset, seed):
+    return runs.finished(run_dir(out, preset, seed), RUN_FILES, identity(args, preset, seed))
+
+
+def write_run(out, args, preset, seed, model, history):
+    """Evaluate model on the held-out tasks and write its run directory, whole or not at all."""
     import torch
     cfg = config_for(preset, seed)
     held = arl.evaluate(model, arl.make_tasks('heldout'), tok_cache(), EVAL_SAMPLES,
                         cfg.temperature, torch.Generator().manual_seed(seed), cfg)
-    final, partial = run_dir(out, preset, seed), Path(out) / f'.{preset}-seed{seed}.partial'
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    _write_json(partial / 'history.json', history)
-    _write_json(partial / 'config.json', dict(vars(cfg), preset=preset, steps=steps))
-    _write_json(partial / 'eval.json', dict(held, split='heldout', n_samples=EVAL_SAMPLES))
-    partial.rename(final)                          # the run exists only once it is whole
+    config = dict(vars(cfg), **identity(args, preset, seed))
+    runs.publish_dir(run_dir(out, preset, seed), {
+        'history.json': runs.to_json(history), 'config.json': runs.to_json(config),
+        'eval.json': runs.to_json(dict(held, split='heldout', n_samples=EVAL_SAMPLES))})
     return held
 
 
@@ -105,39 +137,78 @@ def tok_cache():
     return _TOK['tok']
 
 
-def executor_for(args):
-    if args.ray is None:
-        return None
-    return arl.RayExecutor(address=None if args.ray == 'local' else args.ray,
-                           num_cpus=args.processes if args.ray == 'local' else None)
+class LocalPool:
+    """train_many's executor on this machine: `processes` spawned workers (1: this process),
+    yielding each run as it ends."""
+
+    def __init__(self, processes):
+        self.processes = processes
+
+    def as_completed(self, fn, jobs):
+        """(index, fn(*job)) for every job, in the order they finish."""
+        if self.processes == 1 or len(jobs) == 1:
+            for index, job in enumerate(jobs):
+                yield index, fn(*job)
+            return
+        import torch
+        context = multiprocessing.get_context('spawn')
+        with context.Pool(min(self.processes, len(jobs)), initializer=torch.set_num_threads,
+                          initargs=(torch.get_num_threads(),)) as pool:
+            yield from pool.imap_unordered(_indexed_job, [(fn, i, job) for i, job
+                                                         in enumerate(jobs)])
+
+
+def _indexed_job(item):
+    """(index, fn(*job)) for item = (fn, index, job): a pool job that says which run it was."""
+    fn, index, job = item
+    return index, fn(*job)
+
+
+class Writing:
+    """An executor that hands each run to on_result(index, (model, history)) the moment it
+    finishes on `inner` (anything with as_completed), then returns them in job order."""
+
+    def __init__(self, inner, on_result):
+        self.inner, self.on_result = inner, on_result
+
+    def __call__(self, fn, jobs):
+        results = [None] * len(jobs)
+        for index, result in self.inner.as_completed(fn, jobs):
+            self.on_result(index, result)
+            results[index] = result
+        return results
 
 
 def run(args):
-    """Run the sweep's missing runs, then summarize -> rows of the summary table."""
+    """Run the sweep's missing runs, writing each as it ends, then summarize -> rows of the
+    summary table."""
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / 'sweep.json', settings(args))
-    todo = [(p, s) for p in args.presets for s in args.seeds
-            if not run_dir(out, p, s).is_dir()]
-    done = len(args.presets) * len(args.seeds) - len(todo)
-    print(f'{done} run(s) already finished in {out}, {len(todo)} to run', flush=True)
-    from tqdm.auto import tqdm
-    bar = tqdm(total=len(todo), desc='sweep', unit='run', disable=args.no_progress,
-               file=sys.stderr)
-    executor = executor_for(args)
-    width = args.processes
-    if todo:
-        base = arl.make_rl_base(tok_cache(), args.base_seed)
-        for start in range(0, len(todo), width):     # write each batch as soon as it ends
-            batch = todo[start:start + width]
-            results = arl.train_many(base, arl.make_tasks('train'), tok_cache(),
-                                     [config_for(p, s) for p, s in batch], args.steps,
-                                     processes=args.processes, executor=executor)
-            for (preset, seed), (model, history) in zip(batch, results):
-                write_run(out, preset, seed, model, history, args.steps)
+    with runs.locked(out):
+        runs.clean_stale(out)
+        runs.write_atomic(out / 'sweep.json', runs.to_json(settings(args)))
+        todo = [(p, s) for p in args.presets for s in args.seeds
+                if not is_finished(out, args, p, s)]
+        done = len(args.presets) * len(args.seeds) - len(todo)
+        print(f'{done} run(s) already finished in {out}, {len(todo)} to run', flush=True)
+        if todo:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(todo), desc='sweep', unit='run', disable=args.no_progress,
+                       file=sys.stderr)
+
+            def on_result(index, result):
+                preset, seed = todo[index]
+                write_run(out, args, preset, seed, *result)
                 bar.update(1)
-    bar.close()
-    return summarize(out, args)
+
+            base = policies.base_agent(tok_cache(), args.base_seed)
+            inner = getattr(args, 'executor', None) or LocalPool(args.processes)
+            try:
+                arl.train_many(base, arl.make_tasks('train'), tok_cache(),
+                               [config_for(p, s) for p, s in todo], args.steps,
+                               processes=args.processes, executor=Writing(inner, on_result))
+            finally:
+                bar.close()
+        return summarize(out, args)
 
 
 def summarize(out, args):
@@ -146,8 +217,8 @@ def summarize(out, args):
     for preset in args.presets:
         for seed in args.seeds:
             d = run_dir(out, preset, seed)
-            history = json.loads((d / 'history.json').read_text())
-            held = json.loads((d / 'eval.json').read_text())
+            history = runs.read_json(d / 'history.json')
+            held = runs.read_json(d / 'eval.json')
             last = history[-10:]
             rows.append(dict(preset=preset, seed=seed,
                              reward=sum(h['reward'] for h in last) / len(last),
@@ -156,7 +227,7 @@ def summarize(out, args):
     header = 'preset,seed,reward_last10,reads_last10,heldout_pass'
     lines = [f"{r['preset']},{r['seed']},{r['reward']:.4f},{r['reads']:.4f},"
              f"{r['heldout_pass']:.4f}" for r in rows]
-    (out / 'summary.csv').write_text('\n'.join([header, *lines]) + '\n')
+    runs.write_atomic(out / 'summary.csv', '\n'.join([header, *lines]) + '\n')
     from matplotlib.figure import Figure    # not pyplot: leaves the caller's backend alone
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
@@ -168,7 +239,7 @@ def summarize(out, args):
     ax.set_ylabel('training reward')
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out / 'summary.png', dpi=100)
+    runs.write_atomic(out / 'summary.png', _png(fig))
     print(f"{'preset':>16} {'seed':>4} {'reward':>7} {'reads':>6} {'held-out':>8}")
     for r in rows:
         print(f"{r['preset']:>16} {r['seed']:4d} {r['reward']:7.3f} {r['reads']:6.2f} "
@@ -176,9 +247,20 @@ def summarize(out, args):
     return rows
 
 
+def _png(fig):
+    import io
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format='png', dpi=100)
+    return buffer.getvalue()
+
+
 def main(argv=None):
     args = parse_args(argv)
-    run(args)
+    try:
+        run(args)
+    except runs.FolderInUse as error:
+        print(f'python -m agentrl.sweep: error: --out {args.out}: {error}', file=sys.stderr)
+        return 2
     return 0
 
 

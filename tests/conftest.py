@@ -15,6 +15,12 @@ EPS64 = 2.0 ** -52                     # float64 machine epsilon (torch.finfo(to
 FIXTURE = REPO / "tests" / "fixtures" / "book"
 sys.path.insert(0, str(REPO / "tools"))
 
+if not os.environ.get("AGENTRL_CACHE"):         # base agents cached for this test run only
+    import atexit
+    import tempfile
+    os.environ["AGENTRL_CACHE"] = tempfile.mkdtemp(prefix="agentrl-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["AGENTRL_CACHE"], True)
+
 if os.environ.get("PYTEST_XDIST_WORKER"):      # two workers on two cores: one thread each
     import torch
     torch.set_num_threads(1)

@@ -3,6 +3,7 @@ them): train_many on Ray, bit for bit; bad addresses and dead workers; RLConfig 
 trl.GRPOConfig; a single-turn BugFix run on TRL's GRPOTrainer."""
 import dataclasses
 import os
+import sys
 
 import pytest
 import torch
@@ -15,6 +16,8 @@ trl = pytest.importorskip('trl')
 
 @pytest.fixture(scope='module')
 def local_ray():
+    # this module's helper functions travel to the workers by value (they cannot import it)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     executor = arl.RayExecutor(num_cpus=2)
     executor.connect()
     yield executor
@@ -39,18 +42,70 @@ def test_ray_runs_match_in_process_runs_bit_for_bit(local_ray, small_setup):
         assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
 
 
-def _crash(*args):
-    os._exit(3)
+def _crash_or_echo(value):
+    if value == 'crash':
+        os._exit(3)
+    return value
 
 
-def test_a_worker_that_dies_is_a_clear_error(local_ray):
-    with pytest.raises(RuntimeError, match=r'failed on Ray .*no result is returned'):
-        local_ray(_crash, [(1,), (2,)])
+def test_a_worker_that_dies_is_a_clear_error_after_the_others_finish(local_ray):
+    seen = []
+    with pytest.raises(RuntimeError, match=r'jobs \[1\] of 3 failed on Ray .*the others'):
+        for index, value in local_ray.as_completed(_crash_or_echo, [('a',), ('crash',),
+                                                                      ('b',)]):
+            seen.append((index, value))
+    assert sorted(seen) == [(0, 'a'), (2, 'b')]
+
+
+def _die_once(marker):
+    """Kill this worker the first time (as a lost node would), answer the second time."""
+    if not os.path.exists(marker):
+        open(marker, 'w').close()
+        os._exit(3)
+    return 'retried'
+
+
+def test_a_lost_worker_is_retried(local_ray, tmp_path):
+    assert local_ray(_die_once, [(str(tmp_path / 'marker'),)]) == ['retried']
+
+
+def _sleep_then(seconds, value):
+    import time
+    time.sleep(seconds)
+    return value
+
+
+def test_runs_start_at_once_and_come_back_as_they_finish(local_ray):
+    order = [i for i, _ in local_ray.as_completed(_sleep_then, [(3.0, 'slow'),
+                                                                (0.0, 'fast')])]
+    assert order == [1, 0]                 # batches would have returned the slow one first
+
+
+def _threads():
+    return torch.get_num_threads()
+
+
+def test_each_task_gets_the_threads_of_the_cpus_it_asked_for(local_ray):
+    torch.set_num_threads(1)
+    two = arl.RayExecutor(num_cpus=2, cpus_per_run=2)
+    assert two(_threads, [()]) == [2]
+    assert local_ray(_threads, [(), ()]) == [1, 1]
+
+
+def test_shared_arguments_go_to_the_object_store_once(local_ray):
+    from agentrl.scaling import _shared_refs
+    model, cfgs = torch.zeros(3), [{'seed': 0}, {'seed': 1}]
+    refs = _shared_refs(ray, [(model, cfgs[0], None), (model, cfgs[1], None)])
+    assert list(refs) == [id(model)]
+    assert torch.equal(ray.get(refs[id(model)]), model)
 
 
 @pytest.mark.parametrize('address, error, message', [
     ('127.0.0.1:1', ConnectionError, "cannot reach a Ray cluster at '127.0.0.1:1'"),
-    ('localhost', ValueError, "a Ray address is 'host:port'")])
+    ('ray://127.0.0.1:1', ConnectionError, "cannot reach a Ray cluster at 'ray://"),
+    ('[::1]:1', ConnectionError, r"cannot reach a Ray cluster at '\[::1\]:1'"),
+    ('localhost', ValueError, "a Ray address is 'host:port'"),
+    ('::1:6379', ValueError, r"'\[ipv6\]:port'")])
 def test_bad_addresses_fail_fast(address, error, message):
     with pytest.raises(error, match=message):
         arl.RayExecutor(address=address)

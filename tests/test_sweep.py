@@ -2,6 +2,7 @@
 interrupted sweep without redoing finished runs, and refusing a directory of another sweep."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -60,3 +61,101 @@ def test_the_summary_leaves_the_matplotlib_backend_alone(tmp_path):
     finally:
         matplotlib.use(backend)
     assert (tmp_path / 'sweep' / 'summary.png').stat().st_size > 0
+
+
+def _sweep(out, *extra):
+    return sweep.main(['--out', str(out), *ARGS, *extra])
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+    """An uninterrupted sweep's folder, to copy and damage."""
+    out = tmp_path_factory.mktemp('done') / 'sweep'
+    assert _sweep(out) == 0
+    return out
+
+
+@pytest.mark.parametrize('damage', ['empty history', 'truncated eval', 'empty folder',
+                                    'another sweep', 'no config'])
+def test_a_damaged_run_is_not_taken_as_finished(finished, tmp_path, capsys, damage):
+    out = tmp_path / 'sweep'
+    shutil.copytree(finished, out)
+    run = out / 'default-seed1'
+    if damage == 'empty history':                     # what a power loss before fsync leaves
+        (run / 'history.json').write_text('')
+    elif damage == 'truncated eval':
+        text = (run / 'eval.json').read_text()
+        (run / 'eval.json').write_text(text[:len(text) // 2])
+    elif damage == 'empty folder':
+        shutil.rmtree(run)
+        run.mkdir()
+    elif damage == 'another sweep':
+        config = json.loads((run / 'config.json').read_text())
+        (run / 'config.json').write_text(json.dumps(dict(config, steps=99)))
+    else:
+        (run / 'config.json').unlink()
+    capsys.readouterr()
+    assert _sweep(out) == 0
+    assert '1 run(s) already finished' in capsys.readouterr().out
+    for name in ('history.json', 'config.json', 'eval.json'):
+        assert (run / name).read_bytes() == (finished / 'default-seed1' / name).read_bytes()
+    assert (out / 'summary.csv').read_bytes() == (finished / 'summary.csv').read_bytes()
+
+
+def test_two_sweeps_cannot_write_one_folder(tmp_path, capsys):
+    from agentrl import runs
+    out = tmp_path / 'sweep'
+    with runs.locked(out):                            # as another sweep would hold it
+        assert _sweep(out) == 2
+    assert 'is being written by another process' in capsys.readouterr().err
+    assert not (out / 'sweep.json').exists()
+
+
+def test_sweep_rejects_seeds_that_train_rejects(tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        sweep.parse_args(['--out', str(tmp_path / 's'), '--seeds', '-1'])
+    assert stop.value.code == 2
+    assert 'seed must be in [0, 18446744073709551615], got -1' in capsys.readouterr().err
+    assert not (tmp_path / 's').exists()
+
+
+def test_sweep_kills_at_random_moments_then_resumed_end_as_one_uninterrupted(
+        finished, tmp_path):
+    """SIGKILL a sweep process at random moments, again and again, then let it finish: its
+    folder ends byte for byte as the uninterrupted sweep's."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+    out, rng = tmp_path / 'sweep', random.Random(0)
+    command = [sys.executable, '-m', 'agentrl.sweep', '--out', str(out), *ARGS]
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONHASHSEED='0')
+    start = time.perf_counter()                       # one whole run: how long one takes
+    assert subprocess.run(command, env=env, cwd=repo, capture_output=True).returncode == 0
+    seconds = time.perf_counter() - start
+    shutil.rmtree(out)
+    kills = 0
+    for _ in range(20):
+        if kills == 6:
+            break
+        process = subprocess.Popen(command, env=env, cwd=repo, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.1, 0.95) * seconds)
+        if process.poll() is None:
+            process.send_signal(signal.SIGKILL)
+            kills += 1
+        elif process.wait() == 0:                    # it finished first: start afresh
+            shutil.rmtree(out)
+        process.wait()
+    assert kills == 6
+    assert subprocess.run(command, env=env, cwd=repo, capture_output=True).returncode == 0
+    names = sorted(p.relative_to(out).as_posix() for p in out.rglob('*')
+                   if p.is_file() and p.name not in ('.lock', 'summary.png'))
+    expected = sorted(p.relative_to(finished).as_posix() for p in finished.rglob('*')
+                      if p.is_file() and p.name not in ('.lock', 'summary.png'))
+    assert names == expected
+    for name in names:
+        assert (out / name).read_bytes() == (finished / name).read_bytes(), name

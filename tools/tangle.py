@@ -246,7 +246,9 @@ class _ImportTimeUses(ast.NodeVisitor):
 
     def visit_ImportFrom(self, node):
         mod = node.module or ""
-        if node.level == 0 and (mod == PACKAGE or mod.startswith(PACKAGE + ".")):
+        if node.level == 0 and mod.startswith(PACKAGE + "."):   # from agentrl.sub import y
+            self.uses.append((mod.split(".")[1], node.lineno, self.depth == 0))
+        elif node.level == 0 and mod == PACKAGE:
             for a in node.names:
                 if a.name != "*":
                     self.uses.append((a.name, node.lineno, self.depth == 0))
@@ -291,8 +293,9 @@ class _ImportTimeUses(ast.NodeVisitor):
         self.depth -= 1
 
 
-def analyse(chapters: list[Chapter]) -> list[str]:
-    """Parse saved cells, compute exports, and check cross-chapter rules.
+def analyse(chapters: list[Chapter], hand_written: frozenset = frozenset()) -> list[str]:
+    """Parse saved cells, compute exports, and check cross-chapter rules; hand_written: the
+    package's hand-written modules, which saved cells may import.
 
     Raises TangleError on the first hard error; returns a list of warnings.
     """
@@ -339,7 +342,7 @@ def analyse(chapters: list[Chapter]) -> list[str]:
             for stmt in tree.body:
                 v.visit(stmt)
             for name, lineno, at_import in v.uses:
-                if name.startswith("__") and name.endswith("__"):
+                if (name.startswith("__") and name.endswith("__")) or name in hand_written:
                     continue
                 line = cell.line + lineno - 1
                 where = f"{ch.rel}: saved code cell {cell.index} (line {line})"
@@ -411,8 +414,10 @@ def is_generated(path: Path) -> bool:
 def plan(root: Path) -> tuple[dict[Path, str], list[Path], list[str]]:
     """Return (files to write, generated files to delete, warnings)."""
     chapters = discover(root)
-    warnings = analyse(chapters)
     pkg = root / PACKAGE
+    hand_written = frozenset(p.stem for p in pkg.glob("*.py")
+                             if p.stem != "__init__" and not is_generated(p))
+    warnings = analyse(chapters, hand_written)
     want: dict[Path, str] = {}
     for ch in chapters:
         if ch.module:

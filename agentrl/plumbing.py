@@ -1,0 +1,93 @@
+"""Process plumbing for chapter 14's saved code: stderr redirection, quiet Ray start-up, Ray
+addresses and the errors a cluster that refuses us gets.
+
+This module is hand-written (not tangled from a chapter): nothing in it teaches RL, so the
+chapter's cells import it instead of showing it.
+"""
+import contextlib
+import logging
+import os
+import socket
+import sys
+import tempfile
+import warnings
+
+ADDRESS_FORMS = "'host:port', '[ipv6]:port', 'ray://host:port', 'auto' or None"
+AUTH_FIX = ("the cluster uses token authentication (what `ray start` sets up in Ray "
+            "2.60): run with RAY_AUTH_MODE=token and the cluster's token in "
+            "~/.ray/auth_token, in the file RAY_AUTH_TOKEN_PATH names, or in RAY_AUTH_TOKEN "
+            "(`ray get-auth-token` on the head node prints it)")
+
+
+@contextlib.contextmanager
+def stderr_captured():
+    """Inside the block the process's stderr (fd 2, C++ code too) goes to a temporary file;
+    yields a function that returns what was written (so far, or in all after the block)."""
+    sys.stderr.flush()
+    saved, kept = os.dup(2), []
+    with tempfile.TemporaryFile(mode='w+b') as sink:
+        def said():
+            if kept:
+                return kept[0]
+            return os.pread(sink.fileno(), 1 << 20, 0).decode(errors='replace')
+
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            kept.append(said())
+
+
+@contextlib.contextmanager
+def quiet_ray():
+    """Import and start Ray without its notes (a tqdm warning and an INFO line in a notebook
+    without ipywidgets) -> the ray module."""
+    logging.getLogger('ray.widgets.util').setLevel(logging.WARNING)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        import ray
+        yield ray
+
+
+def split_address(address):
+    """A Ray cluster address 'host:port', '[ipv6]:port' or 'ray://host:port' -> (host, port);
+    ValueError naming the accepted forms otherwise."""
+    rest = address[len('ray://'):] if address.startswith('ray://') else address
+    if rest.startswith('['):
+        host, _, port = rest[1:].partition(']:')
+    else:
+        host, _, port = rest.rpartition(':')
+        if ':' in host:                              # a bare IPv6 address: ambiguous
+            host = ''
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f'a Ray address is {ADDRESS_FORMS}, got {address!r}')
+    return host, int(port)
+
+
+def check_reachable(address, timeout=5.0):
+    """Fail fast (ConnectionError) if nothing listens at a Ray address; ray.init would
+    retry for minutes."""
+    host, port = split_address(address)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as error:
+        raise ConnectionError(f'cannot reach a Ray cluster at {address!r} ({error}); '
+                              f'address=None starts a local Ray') from error
+
+
+def join_failure(address, error, said):
+    """The ConnectionError for a failed ray.init(address): what went wrong and the fix,
+    from the exception and what Ray wrote to stderr meanwhile."""
+    text = f'{type(error).__name__}: {error}\n{said}'
+    if 'InvalidAuthToken' in text or 'AuthenticationError' in text:
+        return ConnectionError(f'the Ray cluster at {address!r} refused this process: '
+                               f'{AUTH_FIX}')
+    if address == 'auto':
+        return ConnectionError("no Ray cluster runs on this node ('auto' looks for one "
+                               "started here with `ray start`); start one, give its "
+                               "address, or use a local Ray (address None)")
+    last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+    return ConnectionError(f'cannot join the Ray cluster at {address!r}: {last}')

@@ -1,0 +1,44 @@
+"""agentrl.plumbing: Ray addresses in every accepted form, the errors a cluster that refuses us
+gets, and stderr capture at the file-descriptor level."""
+import os
+
+import pytest
+
+from agentrl import plumbing
+
+
+@pytest.mark.parametrize('address, parts', [
+    ('127.0.0.1:6379', ('127.0.0.1', 6379)), ('head.example:6379', ('head.example', 6379)),
+    ('ray://10.0.0.1:10001', ('10.0.0.1', 10001)), ('[::1]:6379', ('::1', 6379)),
+    ('ray://[fe80::1]:10001', ('fe80::1', 10001))])
+def test_split_address_accepts_every_documented_form(address, parts):
+    assert plumbing.split_address(address) == parts
+
+
+@pytest.mark.parametrize('address', ['localhost', '::1:6379', 'h:0', 'h:70000', 'h:port',
+                                     'ray://h', '[::1]', ':6379'])
+def test_split_address_names_the_accepted_forms(address):
+    with pytest.raises(ValueError, match=r"'host:port', '\[ipv6\]:port', 'ray://host:port'"):
+        plumbing.split_address(address)
+
+
+def test_a_refused_token_names_the_fix():
+    error = plumbing.join_failure('1.2.3.4:6379', RuntimeError('Failed to connect to GCS'),
+                                  'gcs_client.cc:210: ... InvalidAuthToken: missing')
+    assert isinstance(error, ConnectionError)
+    assert 'RAY_AUTH_MODE=token' in str(error) and 'ray get-auth-token' in str(error)
+
+
+def test_auto_without_a_cluster_says_how_to_start_one():
+    error = plumbing.join_failure('auto', ConnectionError('Could not find any running Ray'),
+                                  '')
+    assert 'ray start' in str(error) and 'address None' in str(error)
+
+
+def test_stderr_captured_sees_writes_to_the_file_descriptor():
+    with plumbing.stderr_captured() as said:
+        os.write(2, b'from C++\n')
+        assert said() == 'from C++\n'
+    with plumbing.stderr_captured() as said:
+        pass
+    assert said() == ''
