@@ -91,3 +91,31 @@ def join_failure(address, error, said):
                                "address, or use a local Ray (address None)")
     last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
     return ConnectionError(f'cannot join the Ray cluster at {address!r}: {last}')
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def local_cluster(nodes=2, cpus_per_node=1, timeout=120):
+    """A Ray cluster of `nodes` nodes on this machine, each started with `ray start` (the
+    head with token authentication, Ray 2.60's default) -> its 'host:port'. `ray stop`
+    at the end stops every Ray process of this machine."""
+    import subprocess
+    address = f'127.0.0.1:{_free_port()}'
+    env = dict(os.environ, RAY_AUTH_MODE='token', RAY_USAGE_STATS_ENABLED='0')
+    common = ['--num-cpus', str(cpus_per_node), '--node-ip-address', '127.0.0.1',
+              '--disable-usage-stats']
+    try:
+        subprocess.run(['ray', 'start', '--head', '--port', address.split(':')[1],
+                        '--include-dashboard', 'false', *common], env=env, check=True,
+                       capture_output=True, timeout=timeout)
+        for _ in range(nodes - 1):
+            subprocess.run(['ray', 'start', '--address', address, *common], env=env,
+                           check=True, capture_output=True, timeout=timeout)
+        yield address
+    finally:
+        subprocess.run(['ray', 'stop', '--force'], capture_output=True, timeout=timeout)

@@ -23,8 +23,10 @@ __all__ = [
     'ENVIRONMENT_FIELDS',
     'TRL_LOSS',
     'VERL_LOSS',
+    'OPENRLHF_LOSS',
     'VERL_KL',
     'OVERLONG_IN_TURNS',
+    'GROUP_STD',
     'to_trl',
     'to_verl',
     'to_openrlhf',
@@ -525,38 +527,49 @@ TRL_LOSS = {'token_mean': 'dapo', 'seq_mean_token_mean': 'grpo', 'constant': 'dr
 VERL_LOSS = {'token_mean': 'token-mean', 'seq_mean_token_mean': 'seq-mean-token-mean',
              'seq_mean_token_sum': 'seq-mean-token-sum',
              'constant': 'seq-mean-token-sum-norm'}
+OPENRLHF_LOSS = {'token_mean': 'token-mean', 'seq_mean_token_mean': 'seq-mean-token-mean'}
 VERL_KL = {'k1': 'kl', 'k2': 'mse', 'k3': 'low_var_kl'}
 OVERLONG_IN_TURNS = 'our buffer counts turns, the trainers\' count response tokens'
+GROUP_STD = ('divides by the group\'s N-1 standard deviation (+{eps}), ours by the '
+             'population one (+1e-6): its advantages are ours times sqrt((G-1)/G)')
 
 
-def _per_step(cfg):
-    """Completions per optimizer step: the step's episodes over cfg.minibatches."""
+def _per_step(cfg, processes=1):
+    """Completions per optimizer step on each of `processes`: the step's episodes
+    over cfg.minibatches, shared out."""
     episodes = cfg.prompts_per_step * cfg.group_size
-    if episodes % cfg.minibatches:
+    if episodes % (cfg.minibatches * processes):
         raise ValueError(f'{episodes} episodes per step do not split into '
-                         f'{cfg.minibatches} equal minibatches')
-    return episodes // cfg.minibatches
+                         f'{cfg.minibatches} equal minibatches on {processes} '
+                         f'process(es)')
+    return episodes // (cfg.minibatches * processes)
 
 
-def to_trl(cfg):
-    """TRL GRPOConfig keyword arguments for cfg (trl 1.16) -> (kwargs, {field: why not
-    carried})."""
+def to_trl(cfg, processes=1, use_cpu=None):
+    """TRL GRPOConfig keyword arguments for cfg on `processes` processes (trl 1.16;
+    use_cpu None: True when torch sees no GPU) -> (kwargs, {field: why not carried
+    exactly})."""
     kwargs = dict(num_generations=cfg.group_size,
-                  per_device_train_batch_size=_per_step(cfg),
+                  per_device_train_batch_size=_per_step(cfg, processes),
                   steps_per_generation=cfg.minibatches, num_iterations=cfg.epochs,
                   temperature=cfg.temperature, epsilon=cfg.clip_low,
                   epsilon_high=cfg.clip_high, importance_sampling_level=cfg.ratio_level,
                   learning_rate=cfg.lr, lr_scheduler_type='constant',
                   max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, beta=0.0)
+    if not torch.cuda.is_available() if use_cpu is None else use_cpu:
+        kwargs['use_cpu'] = True       # else GRPOConfig's bf16 default raises on a CPU
     missing = _not_carried(cfg, 'TRL', 'reward functions, or the experimental '
                            'environment_factory or rollout_func',
                            'trl.rewards.get_soft_overlong_punishment',
-                           "dr_grpo divides by max_completion_length")
+                           'dr_grpo divides by max_completion_length, which also cuts '
+                           'completions')
     if cfg.adv_mode == 'rloo':
         missing['adv_mode'] = ("GRPOTrainer has no leave-one-out baseline "
                                "(TRL's RLOOTrainer)")
     else:
         kwargs['scale_rewards'] = 'group' if cfg.adv_mode == 'grpo' else 'none'
+    if cfg.adv_mode == 'grpo':
+        missing['adv_mode'] = 'TRL ' + GROUP_STD.format(eps='1e-4')
     if cfg.loss_mode in TRL_LOSS:
         kwargs['loss_type'] = TRL_LOSS[cfg.loss_mode]
     else:
@@ -577,21 +590,29 @@ def to_trl(cfg):
     return kwargs, missing
 
 
-def _not_carried(cfg, trainer, environment, overlong, constant):
+def _not_carried(cfg, trainer, environment, overlong, constant=None):
     """The fields every translation reports when they matter: the environment's, the
     overlong buffer (turns here, tokens there) and norm_const -> {field: why}."""
     missing = {name: f'the environment: {environment}' for name in ENVIRONMENT_FIELDS}
     if cfg.overlong_buffer:
         missing['overlong_buffer'] = f'{OVERLONG_IN_TURNS}; {trainer}: {overlong}'
-    if cfg.loss_mode == 'constant':
+    if cfg.loss_mode == 'constant' and constant:
         missing['norm_const'] = (f'ours divides by norm_const (None: rows x max_turns '
                                  f'x MAX_CALL_TOKENS); {trainer}: {constant}')
     return missing
 
 
+def _scale_factor(cfg):
+    """verl's loss_scale_factor for loss_mode 'constant': norm_const per row of an
+    optimizer step (verl divides each sequence's token sum by it, then averages)."""
+    if cfg.norm_const is None:
+        return cfg.max_turns * arl.MAX_CALL_TOKENS
+    return cfg.norm_const / _per_step(cfg)
+
+
 def to_verl(cfg):
-    """verl Hydra overrides for cfg (verl 0.8) -> (['key=value', ...], {field: why not
-    carried})."""
+    """verl Hydra overrides for cfg, for `python -m verl.trainer.main_ppo` (verl 0.8)
+    -> (['key=value', ...], {field: why not carried exactly})."""
     actor, rollout = 'actor_rollout_ref.actor', 'actor_rollout_ref.rollout'
     estimator = {'grpo': 'grpo', 'mean': 'grpo', 'rloo': 'rloo'}[cfg.adv_mode]
     pairs = [('data.train_batch_size', cfg.prompts_per_step),
@@ -602,10 +623,14 @@ def to_verl(cfg):
              (f'{actor}.clip_ratio_low', cfg.clip_low),
              (f'{actor}.clip_ratio_high', cfg.clip_high),
              (f'{actor}.loss_agg_mode', VERL_LOSS[cfg.loss_mode]),
-             (f'{actor}.optim.lr', cfg.lr), (f'{actor}.grad_clip', cfg.max_grad_norm),
+             (f'{actor}.optim.lr', cfg.lr), (f'{actor}.optim.weight_decay', 0.0),
+             (f'{actor}.optim.clip_grad', cfg.max_grad_norm),
              (f'{actor}.entropy_coeff', cfg.entropy_coef),
              ('algorithm.adv_estimator', estimator),
-             ('algorithm.norm_adv_by_std_in_grpo', cfg.adv_mode == 'grpo')]
+             ('algorithm.norm_adv_by_std_in_grpo', cfg.adv_mode == 'grpo'),
+             ('data.seed', cfg.seed), (f'{actor}.data_loader_seed', cfg.seed)]
+    if cfg.loss_mode == 'constant':
+        pairs.append((f'{actor}.loss_scale_factor', _scale_factor(cfg)))
     if cfg.ratio_level == 'sequence':
         pairs.append((f'{actor}.policy_loss.loss_mode', 'gspo'))
     in_loss = bool(cfg.kl_coef) and cfg.kl_placement == 'loss'
@@ -614,16 +639,22 @@ def to_verl(cfg):
     if in_loss:
         pairs += [(f'{actor}.kl_loss_coef', cfg.kl_coef),
                   (f'{actor}.kl_loss_type', VERL_KL[cfg.kl_kind])]
-    elif cfg.kl_coef:
-        pairs.append(('algorithm.kl_ctrl.kl_coef', cfg.kl_coef))
-    if cfg.dynamic_sampling:
-        pairs += [('algorithm.filter_groups.enable', True),
-                  ('algorithm.filter_groups.max_num_gen_batches',
-                   cfg.max_sample_rounds)]
+    elif cfg.kl_coef:                  # ours: k1 summed over the episode, whatever kl_kind
+        pairs += [('algorithm.kl_ctrl.kl_coef', cfg.kl_coef),
+                  ('algorithm.kl_penalty', 'kl')]
     missing = _not_carried(cfg, 'verl', 'an agent loop or a reward function',
-                           'reward_model.reward_kwargs.overlong_buffer_cfg',
-                           'seq-mean-token-sum-norm divides by its own constant')
-    missing['seed'] = 'not in our table of verl options'
+                           "+reward.reward_kwargs.overlong_buffer_cfg.* with "
+                           "reward.reward_manager.name=dapo")
+    missing['seed'] = ('data.seed and actor.data_loader_seed carry the shuffling; '
+                       'verl 0.8 has no key for the sampler\'s seed')
+    if cfg.adv_mode == 'grpo':
+        missing['adv_mode'] = 'verl ' + GROUP_STD.format(eps='1e-6')
+    if cfg.dynamic_sampling:
+        missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
+            'main_ppo has no group filter in verl 0.8; the DAPO recipe\'s entry point '
+            '(recipe/dapo/main_dapo.py) reads +algorithm.filter_groups.enable, .metric '
+            '(the score to compare), .max_num_gen_batches and +data.gen_batch_size, and '
+            'raises when that cap is reached where ours trains on the partial batch')
     if cfg.prompts_per_step % cfg.minibatches:
         missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
                                   f'{cfg.minibatches} minibatches of whole groups')
@@ -631,33 +662,44 @@ def to_verl(cfg):
 
 
 def to_openrlhf(cfg):
-    """OpenRLHF command-line flags for cfg (its dotted flags, 2026-08) ->
-    ([flag, value, ...], {field: why not carried})."""
-    estimator = {'grpo': 'group_norm', 'mean': 'group_norm',
-                 'rloo': 'rloo'}[cfg.adv_mode]
+    """Flags for `python -m openrlhf.cli.train_ppo_ray` for cfg (openrlhf 0.11) ->
+    ([flag, value, ...], {field: why not carried exactly})."""
+    estimator = {'grpo': 'group_norm', 'mean': 'dr_grpo', 'rloo': 'rloo'}[cfg.adv_mode]
     flags = ['--rollout.n_samples_per_prompt', str(cfg.group_size),
+             '--rollout.batch_size', str(cfg.prompts_per_step),
+             '--train.batch_size', str(_per_step(cfg)),
+             '--train.max_epochs', str(cfg.epochs),
+             '--rollout.temperature', str(cfg.temperature),
              '--algo.advantage.estimator', estimator,
-             '--actor.eps_clip_low_high', str(cfg.clip_low), str(cfg.clip_high)]
-    if cfg.adv_mode == 'mean':
-        flags.append('--algo.advantage.no_std_norm')
+             '--actor.eps_clip_low_high', str(cfg.clip_low), str(cfg.clip_high),
+             '--actor.adam.lr', str(cfg.lr), '--actor.adam.betas', '0.9', '0.999',
+             '--actor.lr_scheduler', 'constant', '--actor.lr_warmup_ratio', '0',
+             '--actor.max_norm', str(cfg.max_grad_norm), '--train.seed', str(cfg.seed),
+             '--algo.kl.init_coef', str(cfg.kl_coef)]   # 0 said: OpenRLHF's default is 0.01
     if cfg.ratio_level == 'sequence':
         flags += ['--actor.policy_loss_type', 'gspo']
-    if cfg.kl_coef:
-        flags += ['--algo.kl.estimator', cfg.kl_kind,
-                  '--algo.kl.init_coef', str(cfg.kl_coef)]
-        if cfg.kl_placement == 'loss':
-            flags.append('--algo.kl.use_loss')
+    if cfg.loss_mode in OPENRLHF_LOSS:
+        flags += ['--actor.loss_agg_mode', OPENRLHF_LOSS[cfg.loss_mode]]
+    if cfg.kl_coef and cfg.kl_placement == 'loss':
+        flags += ['--algo.kl.estimator', cfg.kl_kind, '--algo.kl.use_loss']
+    elif cfg.kl_coef:                  # ours: k1 summed over the episode, whatever kl_kind
+        flags += ['--algo.kl.estimator', 'k1']
+    if cfg.entropy_coef:
+        flags += ['--actor.entropy_coef', str(cfg.entropy_coef)]
     if cfg.dynamic_sampling:
         flags += ['--algo.dynamic_filtering_enable',
                   '--algo.dynamic_filtering_range', '0', '1']
     missing = _not_carried(cfg, 'OpenRLHF', 'an agent function or a reward function',
-                           '--reward.overlong_buffer_len', 'not in our table')
-    unknown = ('prompts_per_step', 'minibatches', 'epochs', 'temperature', 'lr',
-               'max_grad_norm', 'loss_mode', 'entropy_coef', 'seed',
-               *(('max_sample_rounds',) if cfg.dynamic_sampling else ()))
-    look_up = ('not in our table of OpenRLHF flags: look it up in '
-               '`python -m openrlhf.cli.train_ppo_ray --help`')
-    missing.update({name: look_up for name in unknown})
+                           '--reward.overlong_buffer_len',
+                           'no loss aggregation divides by a constant')
+    if cfg.loss_mode not in OPENRLHF_LOSS:
+        missing['loss_mode'] = (f'--actor.loss_agg_mode has token-mean and '
+                                f'seq-mean-token-mean only ({cfg.loss_mode})')
+    if cfg.adv_mode == 'grpo':
+        missing['adv_mode'] = 'OpenRLHF ' + GROUP_STD.format(eps='1e-9')
+    if cfg.dynamic_sampling:
+        missing['max_sample_rounds'] = ('OpenRLHF refills a step with new prompts '
+                                        'without a limit on rounds')
     return flags, missing
 
 

@@ -9,7 +9,8 @@ Every run trains the RL base agent (``make_rl_base``) with ``RLConfig(**VARIANTS
 (``default``: ``RLConfig(seed=s)``) through ``train_many``, and writes ``<out>/<preset>-seed<s>/``
 with ``history.json``, ``config.json`` and ``eval.json`` (held-out, 8 episodes per task), as
 ``agentrl.train`` does. Every run starts at once (up to ``--processes`` locally; on Ray, as many as
-the cluster has CPUs) and each is written the moment it finishes, durably and whole
+the cluster has CPUs), trains on one torch thread wherever it runs (so its numbers do not depend
+on where it ran), and each is written the moment it finishes, durably and whole
 (``agentrl.runs``): an interrupted sweep resumes by running the same command again, keeping every
 finished run. A run folder counts as finished only if its files parse and its ``config.json``
 names this sweep's run. ``<out>/sweep.json`` records the sweep's settings and a folder holding
@@ -139,21 +140,26 @@ def tok_cache():
 
 class LocalPool:
     """train_many's executor on this machine: `processes` spawned workers (1: this process),
-    yielding each run as it ends."""
+    each run on one torch thread as on Ray, yielding each run as it ends."""
 
     def __init__(self, processes):
         self.processes = processes
 
     def as_completed(self, fn, jobs):
         """(index, fn(*job)) for every job, in the order they finish."""
-        if self.processes == 1 or len(jobs) == 1:
-            for index, job in enumerate(jobs):
-                yield index, fn(*job)
-            return
         import torch
+        if self.processes == 1 or len(jobs) == 1:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                for index, job in enumerate(jobs):
+                    yield index, fn(*job)
+            finally:
+                torch.set_num_threads(threads)
+            return
         context = multiprocessing.get_context('spawn')
         with context.Pool(min(self.processes, len(jobs)), initializer=torch.set_num_threads,
-                          initargs=(torch.get_num_threads(),)) as pool:
+                          initargs=(1,)) as pool:
             yield from pool.imap_unordered(_indexed_job, [(fn, i, job) for i, job
                                                          in enumerate(jobs)])
 

@@ -192,14 +192,16 @@ def test_to_verl_known_overrides():
     assert 'actor_rollout_ref.actor.ppo_mini_batch_size=4' in overrides
     assert 'actor_rollout_ref.actor.use_kl_loss=true' in overrides
     assert 'actor_rollout_ref.actor.kl_loss_type=low_var_kl' in overrides
-    assert 'algorithm.filter_groups.enable=true' in overrides
     assert 'algorithm.norm_adv_by_std_in_grpo=true' in overrides
-    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'seed'}
+    assert 'actor_rollout_ref.actor.optim.clip_grad=1.0' in overrides
+    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'seed', 'adv_mode', 'dynamic_sampling',
+                            'max_sample_rounds'}
     overrides, _ = arl.to_verl(arl.RLConfig(adv_mode='mean', kl_coef=0.1,
                                             kl_placement='reward'))
     assert 'algorithm.norm_adv_by_std_in_grpo=false' in overrides
     assert 'algorithm.use_kl_in_reward=true' in overrides
     assert 'algorithm.kl_ctrl.kl_coef=0.1' in overrides
+    assert 'algorithm.kl_penalty=kl' in overrides
 
 
 def test_overlong_buffer_is_reported_not_translated():
@@ -224,11 +226,13 @@ def test_to_openrlhf_known_flags_and_reports_the_rest():
     text = ' '.join(flags)
     assert '--rollout.n_samples_per_prompt 8' in text
     assert '--actor.eps_clip_low_high 0.2 0.28' in text
-    assert '--algo.kl.estimator k3 --algo.kl.init_coef 0.01 --algo.kl.use_loss' in text
+    assert '--algo.kl.init_coef 0.01' in text
+    assert '--algo.kl.estimator k3 --algo.kl.use_loss' in text
     assert '--algo.dynamic_filtering_enable' in text
-    assert {'lr', 'temperature', *arl.ENVIRONMENT_FIELDS} <= set(missing)
+    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode', 'max_sample_rounds'}
     flags, _ = arl.to_openrlhf(arl.RLConfig(adv_mode='mean', ratio_level='sequence'))
-    assert '--algo.advantage.no_std_norm' in flags
+    assert flags[flags.index('--algo.advantage.estimator') + 1] == 'dr_grpo'
+    assert flags[flags.index('--algo.kl.init_coef') + 1] == '0.0'     # off, said aloud
     assert flags[flags.index('--actor.policy_loss_type') + 1] == 'gspo'
 
 

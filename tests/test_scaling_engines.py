@@ -12,6 +12,7 @@ import agentrl as arl
 
 ray = pytest.importorskip('ray')
 trl = pytest.importorskip('trl')
+pytestmark = pytest.mark.xdist_group('ray')       # with test_ray_cluster: `ray stop` ends all
 
 
 @pytest.fixture(scope='module')
@@ -114,13 +115,14 @@ def test_bad_addresses_fail_fast(address, error, message):
 def test_to_trl_builds_a_grpo_config_with_our_values():
     cfg = arl.RLConfig(clip_high=0.28, ratio_level='sequence', lr=3e-4, epochs=2)
     kwargs, missing = arl.to_trl(cfg)
-    trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+    trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
     assert trl_cfg.num_generations == 8 and trl_cfg.per_device_train_batch_size == 32
     assert trl_cfg.steps_per_generation == 2 and trl_cfg.num_iterations == 2
     assert (trl_cfg.epsilon, trl_cfg.epsilon_high) == (0.2, 0.28)
     assert trl_cfg.importance_sampling_level == 'sequence' and trl_cfg.loss_type == 'dapo'
     assert trl_cfg.scale_rewards == 'group' and trl_cfg.beta == 0.0
-    assert set(missing) == set(arl.ENVIRONMENT_FIELDS)
+    assert trl_cfg.generation_batch_size == cfg.prompts_per_step * cfg.group_size
+    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode'}      # N-1 std: reported
 
 
 def test_to_trl_reports_what_it_cannot_carry():
@@ -131,7 +133,7 @@ def test_to_trl_reports_what_it_cannot_carry():
     assert {'adv_mode', 'loss_mode', 'kl_kind', 'entropy_coef', 'dynamic_sampling',
             'overlong_buffer'} <= set(missing)
     assert 'scale_rewards' not in kwargs and 'loss_type' not in kwargs and kwargs['beta'] == 0
-    trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+    trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
 
 
 def test_to_trl_rejects_uneven_minibatches():
@@ -148,7 +150,7 @@ def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
     assert reward([first, first], [f'{tasks[0].fix_op}', 'read']) == [1.0, 0.0]
     cfg = arl.RLConfig(group_size=4, prompts_per_step=2, lr=1e-3)
     kwargs, _ = arl.to_trl(cfg)
-    args = trl.GRPOConfig(output_dir=str(tmp_path), use_cpu=True, max_steps=2,
+    args = trl.GRPOConfig(output_dir=str(tmp_path), max_steps=2,
                           max_completion_length=3, report_to='none', save_strategy='no',
                           logging_steps=1, disable_tqdm=True, **kwargs)
     trainer = trl.GRPOTrainer(model=arl.tiny_llama(len(tok)), reward_funcs=reward, args=args,
@@ -198,5 +200,12 @@ def test_tiny_llama_is_seeded_and_sized():
 
 def test_to_trl_keeps_the_learning_rate_constant():
     kwargs, _ = arl.to_trl(arl.RLConfig())
-    args = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True, **kwargs)
+    args = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
     assert args.lr_scheduler_type.value == 'constant' and args.learning_rate == 1e-3
+
+
+def test_to_trl_adds_use_cpu_without_a_gpu_so_grpo_config_builds():
+    kwargs, _ = arl.to_trl(arl.RLConfig(), use_cpu=None)
+    assert kwargs.get('use_cpu') is (not torch.cuda.is_available())
+    trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)      # raises on a CPU without it
+    assert 'use_cpu' not in arl.to_trl(arl.RLConfig(), use_cpu=False)[0]

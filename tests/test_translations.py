@@ -1,0 +1,141 @@
+"""to_verl and to_openrlhf checked by the trainers' own machinery, not by string comparison:
+verl's trainer config composed by Hydra with to_verl's overrides (struct mode: an unknown key
+fails), OpenRLHF's own argument parser and post-parse checks on to_openrlhf's flags; the values
+read back are the config's. to_trl on several processes. The setup installs verl 0.8.0 and
+openrlhf 0.11.2 without their GPU dependencies (tools/setup_env.sh), with hydra-core."""
+import math
+
+import pytest
+
+import agentrl as arl
+
+pytest.importorskip('hydra')
+trainer_configs = pytest.importorskip('trainer_configs')
+if not all(__import__('importlib').util.find_spec(name) for name in ('verl', 'openrlhf')):
+    pytest.skip('verl and openrlhf not installed (tools/setup_env.sh installs them)',
+                allow_module_level=True)
+
+CONFIGS = {'default': arl.RLConfig(), **{k: arl.RLConfig(**v) for k, v in arl.VARIANTS.items()},
+           'kl in the loss, k1': arl.RLConfig(kl_coef=0.05, kl_kind='k1'),
+           'kl in the reward': arl.RLConfig(kl_coef=0.05, kl_placement='reward'),
+           'rloo, entropy': arl.RLConfig(adv_mode='rloo', entropy_coef=0.01, epochs=2),
+           'constant, norm_const': arl.RLConfig(loss_mode='constant', norm_const=960.0)}
+
+
+def composed(cfg):
+    from omegaconf import OmegaConf
+    overrides, _ = arl.to_verl(cfg)
+    return OmegaConf.to_container(trainer_configs.verl_compose(overrides), resolve=True)
+
+
+def at(tree, key):
+    for part in key.split('.'):
+        tree = tree[part]
+    return tree
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_every_verl_override_composes_into_main_ppo_and_lands(name):
+    cfg = CONFIGS[name]
+    overrides, _ = arl.to_verl(cfg)
+    tree = composed(cfg)
+    for item in overrides:
+        key, value = item.split('=', 1)
+        assert str(at(tree, key)).lower() == value.lower(), key
+
+
+def test_verl_rejects_an_unknown_key_so_the_check_can_fail():
+    from hydra.errors import ConfigCompositionException
+    with pytest.raises(ConfigCompositionException, match='no_such_key'):
+        trainer_configs.verl_compose(['actor_rollout_ref.actor.no_such_key=1'])
+
+
+def test_verl_gets_our_optimizer_clip_seed_and_reward_kl():
+    actor = at(composed(arl.RLConfig(max_grad_norm=0.5, seed=7, kl_coef=0.05,
+                                     kl_placement='reward', kl_kind='k3')),
+               'actor_rollout_ref.actor')
+    assert actor['optim']['clip_grad'] == 0.5           # the key verl's optimizer reads
+    assert actor['optim']['weight_decay'] == 0.0        # ours is Adam: no weight decay
+    assert actor['optim']['betas'] == [0.9, 0.999] and actor['optim']['lr_warmup_steps_ratio'] == 0
+    assert actor['data_loader_seed'] == 7
+    tree = composed(arl.RLConfig(kl_coef=0.05, kl_placement='reward', kl_kind='k3'))
+    assert tree['algorithm']['use_kl_in_reward'] and tree['algorithm']['kl_penalty'] == 'kl'
+    assert not tree['actor_rollout_ref']['actor']['use_kl_loss']
+
+
+def test_verl_loss_scale_factor_equals_our_constant_per_row():
+    for cfg in (arl.RLConfig(loss_mode='constant'),
+                arl.RLConfig(loss_mode='constant', norm_const=960.0)):
+        factor = at(composed(cfg), 'actor_rollout_ref.actor.loss_scale_factor')
+        rows = cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+        ours = cfg.norm_const or rows * cfg.max_turns * arl.MAX_CALL_TOKENS
+        assert math.isclose(factor * rows, ours)
+
+
+def test_dynamic_sampling_names_the_dapo_entry_point_instead_of_a_dead_override():
+    overrides, missing = arl.to_verl(arl.RLConfig(**arl.VARIANTS['dapo']))
+    assert not any('filter_groups' in o for o in overrides)
+    assert 'main_dapo.py' in missing['dynamic_sampling']
+    assert 'gen_batch_size' in missing['dynamic_sampling']
+    assert 'raises when that cap is reached' in missing['max_sample_rounds']
+
+
+def parsed(cfg):
+    flags, _ = arl.to_openrlhf(cfg)
+    # a real run names its agent (the environment); dynamic filtering requires one
+    return trainer_configs.openrlhf_validate([*flags, '--train.agent_func_path', 'agent.py'])
+
+
+@pytest.mark.parametrize('name', CONFIGS)
+def test_every_openrlhf_flag_parses_and_passes_openrlhfs_checks(name):
+    flags, _ = arl.to_openrlhf(CONFIGS[name])
+    namespace = trainer_configs.openrlhf_parse(flags)
+    assert getattr(namespace, 'algo.kl.init_coef') == CONFIGS[name].kl_coef
+    parsed(CONFIGS[name])
+
+
+def test_openrlhf_rejects_an_unknown_flag_so_the_check_can_fail():
+    with pytest.raises(SystemExit):
+        trainer_configs.openrlhf_parse(['--no_such_flag'])
+
+
+def test_openrlhf_carries_kl_off_the_batch_and_the_optimizer():
+    cfg = arl.RLConfig(lr=3e-4, max_grad_norm=0.5, seed=7, epochs=2, temperature=0.7)
+    namespace = trainer_configs.openrlhf_parse(arl.to_openrlhf(cfg)[0])
+    value = lambda key: getattr(namespace, key)                       # noqa: E731
+    assert value('algo.kl.init_coef') == 0.0            # OpenRLHF's own default is 0.01
+    assert value('rollout.batch_size') == cfg.prompts_per_step
+    assert value('train.batch_size') == cfg.prompts_per_step * cfg.group_size // cfg.minibatches
+    assert value('rollout.n_samples_per_prompt') == cfg.group_size
+    assert value('train.max_epochs') == 2 and value('rollout.temperature') == 0.7
+    assert value('actor.adam.lr') == 3e-4 and value('actor.max_norm') == 0.5
+    assert list(value('actor.adam.betas')) == [0.9, 0.999]
+    assert value('actor.lr_scheduler') == 'constant' and value('actor.lr_warmup_ratio') == 0
+    assert value('train.seed') == 7
+
+
+def test_openrlhf_mean_baseline_is_its_dr_grpo_estimator():
+    namespace = trainer_configs.openrlhf_parse(
+        arl.to_openrlhf(arl.RLConfig(adv_mode='mean'))[0])
+    assert getattr(namespace, 'algo.advantage.estimator') == 'dr_grpo'
+
+
+def test_openrlhf_reward_kl_is_k1_as_ours_is():
+    namespace = trainer_configs.openrlhf_parse(arl.to_openrlhf(
+        arl.RLConfig(kl_coef=0.05, kl_placement='reward', kl_kind='k3'))[0])
+    assert getattr(namespace, 'algo.kl.estimator') == 'k1'
+    assert not getattr(namespace, 'algo.kl.use_loss')
+
+
+def test_group_std_difference_is_reported_with_its_factor():
+    for translate in (arl.to_trl, arl.to_verl, arl.to_openrlhf):
+        assert 'sqrt((G-1)/G)' in translate(arl.RLConfig())[1]['adv_mode']
+
+
+def test_to_trl_shares_the_batch_out_over_processes():
+    cfg = arl.RLConfig()
+    one, _ = arl.to_trl(cfg)
+    four, _ = arl.to_trl(cfg, processes=4)
+    assert four['per_device_train_batch_size'] * 4 == one['per_device_train_batch_size']
+    with pytest.raises(ValueError, match='on 5 process'):
+        arl.to_trl(cfg, processes=5)
