@@ -359,7 +359,7 @@ def padded_log_probs(model, ids, lengths, temperature=1.0):
 class Curriculum:
     """An environment factory that stops sampling the tasks a run always or never
     solves: once a task's last `window` attempts all passed or all failed, its later
-    episodes play the next informative task in `tasks`' order. Other tasks pass through
+    episodes play an informative task drawn uniformly. Other tasks pass through
     unchanged."""
 
     def __init__(self, env_factory, tasks, window=16):
@@ -369,6 +369,7 @@ class Curriculum:
         self.tasks = {t.name: t for t in tasks}
         self.order = [t.name for t in tasks]
         self.results = collections.defaultdict(list)    # task name -> [passed, ...]
+        self.recorded = 0                               # outcomes noted so far
 
     def __call__(self):
         return _CurriculumEnv(self.env_factory(), self)
@@ -386,24 +387,27 @@ class Curriculum:
 
     def choose(self, task):
         """The task an episode of `task` plays: task itself while informative (or
-        unknown), else the next informative one, renamed (from task's function name) if
-        task was renamed."""
+        unknown), else an informative one drawn uniformly, renamed from this attempt's
+        own function name if task was renamed."""
         if task.name not in self.tasks or self.informative(task.name):
             return task
-        renamed = task.fn_name != self.tasks[task.name].fn_name
-        start = self.order.index(task.name)
-        for name in self.order[start + 1:] + self.order[:start]:
-            if self.informative(name):
-                if not renamed:
-                    return self.tasks[name]
-                rng = random.Random(zlib.crc32(task.fn_name.encode()))
-                return arl.randomize_names(self.tasks[name], rng)
-        return task                                     # every task retired
+        live = [name for name in self.order if self.informative(name)]
+        if not live:
+            return task                                 # every task retired
+        # one draw per retired task and batch: no outcome is noted while a batch
+        # resets, so every attempt of a group draws the same substitute
+        draw = random.Random(zlib.crc32(f'{task.name}/{self.recorded}'.encode()))
+        substitute = self.tasks[draw.choice(live)]
+        if task.fn_name == self.tasks[task.name].fn_name:
+            return substitute                           # not renamed: kept as it is
+        rng = random.Random(zlib.crc32(task.fn_name.encode()))
+        return arl.randomize_names(substitute, rng)
 
     def record(self, name, passed):
         """Note an attempt's outcome (tasks outside the curriculum are ignored)."""
         if name in self.tasks:
             self.results[name].append(bool(passed))
+            self.recorded += 1
 
 
 class _CurriculumEnv:

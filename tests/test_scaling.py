@@ -3,6 +3,7 @@ seams, the operation breakdown, the matrix-multiply floor, cached vs recomputed 
 padding vs buckets, the '≈' convention for measured speeds, and the translations to verl and
 OpenRLHF (TRL and Ray: tests/test_scaling_engines.py)."""
 import copy
+import collections
 import dataclasses
 import os
 import re
@@ -295,21 +296,43 @@ def test_curriculum_retires_tasks_always_or_never_solved():
     assert 'not/one-of-them' not in curriculum.results
 
 
-def test_curriculum_plays_the_next_informative_task_renamed_alike():
+def test_curriculum_draws_a_live_substitute_shared_by_a_group_renamed_per_attempt():
+    import random
+    import zlib
     curriculum, tasks = _curriculum(window=1)
     curriculum.record(tasks[0].name, True)                   # retired
-    renamed = arl.randomize_names(tasks[0], __import__('random').Random(5))
-    first, second = curriculum.choose(renamed), curriculum.choose(renamed)
-    assert first.name == tasks[1].name and first == second  # a group shares its substitute
-    rng = __import__('random').Random(__import__('zlib').crc32(renamed.fn_name.encode()))
-    assert first == arl.randomize_names(tasks[1], rng)        # renamed, as the group's task
-    assert curriculum.choose(tasks[0]) is tasks[1]            # not renamed: kept as it is
+    one = arl.randomize_names(tasks[0], random.Random(5))
+    two = arl.randomize_names(tasks[0], random.Random(6))    # another attempt of the group
+    assert one.fn_name != two.fn_name
+    first, again, other = curriculum.choose(one), curriculum.choose(one), curriculum.choose(two)
+    assert first.name == other.name != tasks[0].name         # the group shares its task
+    assert first == again
+    live = [t for t in tasks if curriculum.informative(t.name)]
+    assert first.name in {t.name for t in live}
+    original = next(t for t in live if t.name == first.name)
+    rng = random.Random(zlib.crc32(one.fn_name.encode()))
+    assert first == arl.randomize_names(original, rng)       # renamed from its own name
+    assert other.fn_name != first.fn_name or other == first
+    assert curriculum.choose(tasks[0]) is original            # not renamed: kept as it is
     assert curriculum.choose(tasks[1]) is tasks[1]
     held = arl.make_tasks('heldout')[0]
     assert curriculum.choose(held) is held
     for t in tasks:
         curriculum.record(t.name, False)
     assert curriculum.choose(tasks[2]) is tasks[2]            # all retired: play it anyway
+
+
+def test_curriculum_substitutes_spread_over_live_tasks():
+    tasks = arl.make_tasks('train')
+    curriculum = arl.Curriculum(lambda: None, tasks, window=2)
+    curriculum.record(tasks[0].name, True)
+    curriculum.record(tasks[0].name, True)                   # one retired, the rest live
+    picks = collections.Counter()
+    for step in range(400):                                  # a new batch each time
+        picks[curriculum.choose(tasks[0]).name] += 1
+        curriculum.record(tasks[5].name, step % 2 == 0)      # mixed: tasks[5] stays live
+    assert set(picks) == {t.name for t in tasks[1:]}         # every live task drawn
+    assert max(picks.values()) < 3 * 400 / (len(tasks) - 1)   # none takes the bulk
 
 
 def test_curriculum_env_reports_each_finished_episode():
