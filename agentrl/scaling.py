@@ -71,8 +71,8 @@ def median_seconds(fn, repeats=5, warmup=1):
 
 
 def approx(value, unit=''):
-    """A measured speed as the book prints it, '≈' + value (+ unit): this machine's, so
-    nbval ignores the value (tools/nbval_sanitize.cfg)."""
+    """A measured speed as the book prints it, '≈' + value (+ unit): this machine's
+    number, which the book's checks do not compare."""
     digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
     return f'≈{value:.{digits}f}' + (f' {unit}' if unit else '')
 

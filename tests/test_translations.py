@@ -139,3 +139,24 @@ def test_to_trl_shares_the_batch_out_over_processes():
     assert four['per_device_train_batch_size'] * 4 == one['per_device_train_batch_size']
     with pytest.raises(ValueError, match='on 5 process'):
         arl.to_trl(cfg, processes=5)
+
+
+def test_the_chapters_throughput_options_exist_where_it_says():
+    import dataclasses
+
+    import trl
+    tree = composed(arl.RLConfig())
+    for key in ('actor_rollout_ref.rollout.name', 'actor_rollout_ref.rollout.gpu_memory_utilization',
+                'actor_rollout_ref.rollout.enable_prefix_caching',
+                'actor_rollout_ref.actor.use_dynamic_bsz',
+                'actor_rollout_ref.actor.ppo_max_token_len_per_gpu',
+                'actor_rollout_ref.model.use_remove_padding'):
+        at(tree, key)
+    namespace = trainer_configs.openrlhf_parse([])
+    for dest in ('vllm.num_engines', 'train.colocate_all', 'vllm.gpu_memory_utilization',
+                 'vllm.enable_prefix_caching', 'vllm.sync_backend', 'ds.packing_samples'):
+        assert hasattr(namespace, dest), dest
+    fields = {f.name for f in dataclasses.fields(trl.GRPOConfig)}
+    assert {'use_vllm', 'vllm_mode', 'vllm_gpu_memory_utilization',
+            'generation_batch_size'} <= fields
+    assert 'padding_free' not in fields
