@@ -35,10 +35,11 @@ def policy_spec(model):
 
 def policy_bytes(model, tok, cfg=None):
     """model, its tokenizer and (optionally) its RLConfig as the bytes of a policy file."""
+    spec = policy_spec(model)
     if len(tok) != model.embed.num_embeddings:
         raise ValueError(f'the tokenizer has {len(tok)} words, the model '
                          f'{model.embed.num_embeddings} embeddings')
-    record = dict(format=FORMAT, agentrl=arl.__version__, spec=policy_spec(model),
+    record = dict(format=FORMAT, agentrl=arl.__version__, spec=spec,
                   state_dict={k: v.detach().clone() for k, v in model.state_dict().items()},
                   vocab=list(tok.vocab),
                   config=None if cfg is None else dataclasses.asdict(cfg))
