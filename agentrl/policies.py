@@ -56,8 +56,9 @@ def save_policy(path, model, tok, cfg=None):
     return Path(path)
 
 
-def load_policy(path):
-    """A policy file -> (TinyAgent in eval mode, Tokenizer, RLConfig or None)."""
+def load_policy(path, reward=None):
+    """A policy file -> (TinyAgent in eval mode, Tokenizer, RLConfig or None); reward: the
+    callable to put back when the policy was trained with one (a file keeps only its name)."""
     try:
         record = torch.load(path, weights_only=True)
     except FileNotFoundError:
@@ -74,7 +75,14 @@ def load_policy(path):
     cfg = None
     if record['config'] is not None:
         fields = {f.name for f in dataclasses.fields(arl.RLConfig)}
-        cfg = arl.RLConfig(**{k: v for k, v in record['config'].items() if k in fields})
+        saved = {k: v for k, v in record['config'].items() if k in fields}
+        if reward is not None:
+            saved['reward'] = reward
+        elif saved.get('reward') not in arl.REWARDS:
+            raise ValueError(f"{str(path)!r} was trained with the reward function "
+                             f"{saved.get('reward')!r}; pass it as load_policy(path, "
+                             f"reward=...)")
+        cfg = arl.RLConfig(**saved)
     return model.eval(), tok, cfg
 
 

@@ -148,3 +148,59 @@ def locked(folder):
         yield folder
     finally:
         os.close(fd)                                 # closing releases the flock
+
+
+RUN_FILES = ('history.json', 'config.json', 'eval.json', 'policy.pt', 'curves.png')
+CURVES = (('reward', 'training reward'), ('reads', 'reads per episode'),
+          ('edits', 'edits per episode'))
+SMOOTHING = 5                                         # steps in the curves' moving average
+
+
+def run_config(cfg, variant, base, base_seed, steps, eval_every):
+    """config.json of a run: the RLConfig's fields and how the run was made."""
+    import dataclasses
+    return dict(dataclasses.asdict(cfg), variant=variant, base=base, base_seed=base_seed,
+                steps=steps, eval_every=eval_every)
+
+
+def curves_png(history, title, eval_samples):
+    """The run's learning curves as PNG bytes: reward, reads and edits per step
+    (SMOOTHING-step moving average, labelled) and the held-out pass rate where it was
+    measured."""
+    import io
+
+    from matplotlib.figure import Figure             # not pyplot: no backend is touched
+    from agentrl.grpo import smooth
+    fig = Figure(figsize=(12, 3))
+    axes = fig.subplots(1, len(CURVES) + 1)
+    steps = [h['step'] for h in history]
+    for ax, (key, label) in zip(axes, CURVES):
+        ax.plot(steps, [h[key] for h in history], color='C0', alpha=0.3, label='per step')
+        ax.plot(steps, smooth([h[key] for h in history], SMOOTHING), color='C0',
+                label=f'{SMOOTHING}-step moving average')
+        ax.set(xlabel='step', ylabel=label)
+    axes[0].legend(fontsize=7)
+    held = [(h['step'], h['eval_pass']) for h in history if 'eval_pass' in h]
+    ax = axes[-1]
+    if held:
+        ax.plot(*zip(*held), marker='o', color='C1')
+    ax.set(xlabel='step', ylabel=f'held-out pass ({eval_samples} per task)', ylim=(0, 1))
+    if not held:
+        ax.text(0.5, 0.5, 'not measured during training', ha='center', va='center',
+                transform=ax.transAxes, fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format='png', dpi=100)
+    return buffer.getvalue()
+
+
+def write_run(folder, model, tok, cfg, history, config, evaluation, title, eval_samples):
+    """A run's folder, whole or not at all: history.json, config.json (run_config),
+    eval.json (the final held-out evaluation), policy.pt (save_policy) and curves.png."""
+    from agentrl import policies
+    return publish_dir(folder, {
+        'history.json': to_json(history), 'config.json': to_json(config),
+        'eval.json': to_json(evaluation),
+        'policy.pt': policies.policy_bytes(model, tok, cfg),
+        'curves.png': curves_png(history, title, eval_samples)})

@@ -7,8 +7,9 @@
 
 Every run trains the RL base agent (``make_rl_base``) with ``RLConfig(**VARIANTS[preset], seed=s)``
 (``default``: ``RLConfig(seed=s)``) through ``train_many``, and writes ``<out>/<preset>-seed<s>/``
-with ``history.json``, ``config.json`` and ``eval.json`` (held-out, 8 episodes per task), as
-``agentrl.train`` does. Every run starts at once (up to ``--processes`` locally; on Ray, as many as
+as ``agentrl.train`` writes a run, with the same writer and schema (``agentrl.runs.write_run``):
+``history.json``, ``config.json`` (``variant`` is the preset; ``eval_every`` 0: no held-out score
+during training), ``eval.json`` (held-out, 8 episodes per task), ``policy.pt`` and ``curves.png``. Every run starts at once (up to ``--processes`` locally; on Ray, as many as
 the cluster has CPUs), trains on one torch thread wherever it runs (so its numbers do not depend
 on where it ran), and each is written the moment it finishes, durably and whole
 (``agentrl.runs``): an interrupted sweep resumes by running the same command again, keeping every
@@ -17,8 +18,9 @@ names this sweep's run. ``<out>/sweep.json`` records the sweep's settings and a 
 other settings is refused; two sweeps cannot write one ``--out`` at once. A Ray cluster is joined
 before any work or any file is written, and a failure to join exits with code 2 naming the fix
 (a cluster started with ``ray start`` uses token authentication: see ``RayExecutor``). At the end
-``<out>/summary.csv`` and ``<out>/summary.png`` (mean training reward per preset, one line per
-seed) are written and the summary table is printed.
+``<out>/summary.csv`` (per run: mean reward and reads over the last min(10, steps) steps, named
+in its header, and the held-out pass rate) and ``<out>/summary.png`` (training reward per step,
+5-step moving average, one line per run) are written and the summary table is printed.
 
 This module is hand-written (not tangled from a chapter); chapter 14 demonstrates it.
 """
@@ -32,7 +34,7 @@ from agentrl import policies, runs
 from agentrl.train import EVAL_SAMPLES, MAX_SEED, check_ranges
 
 SETTINGS = ('presets', 'seeds', 'steps', 'base_seed')
-RUN_FILES = ('history.json', 'config.json', 'eval.json')
+RUN_FILES = ('history.json', 'config.json', 'eval.json')     # JSON files a finished run parses
 
 
 def build_parser():
@@ -109,7 +111,7 @@ def run_dir(out, preset, seed):
 
 def identity(args, preset, seed):
     """What a run's config.json must hold to belong to this sweep."""
-    return dict(preset=preset, seed=seed, steps=args.steps, base_seed=args.base_seed)
+    return dict(variant=preset, seed=seed, steps=args.steps, base_seed=args.base_seed)
 
 
 def is_finished(out, args, preset, seed):
@@ -119,13 +121,14 @@ def is_finished(out, args, preset, seed):
 def write_run(out, args, preset, seed, model, history):
     """Evaluate model on the held-out tasks and write its run directory, whole or not at all."""
     import torch
-    cfg = config_for(preset, seed)
-    held = arl.evaluate(model, arl.make_tasks('heldout'), tok_cache(), EVAL_SAMPLES,
-                        cfg.temperature, torch.Generator().manual_seed(seed), cfg)
-    config = dict(vars(cfg), **identity(args, preset, seed))
-    runs.publish_dir(run_dir(out, preset, seed), {
-        'history.json': runs.to_json(history), 'config.json': runs.to_json(config),
-        'eval.json': runs.to_json(dict(held, split='heldout', n_samples=EVAL_SAMPLES))})
+    cfg, heldout = config_for(preset, seed), arl.make_tasks('heldout')
+    held = arl.evaluate(model, heldout, tok_cache(), EVAL_SAMPLES, cfg.temperature,
+                        torch.Generator().manual_seed(seed), cfg)
+    runs.write_run(run_dir(out, preset, seed), model, tok_cache(), cfg, history,
+                   runs.run_config(cfg, preset, 'rl', args.base_seed, args.steps, 0),
+                   dict(held, split='heldout', n_tasks=len(heldout), n_samples=EVAL_SAMPLES,
+                        seed=seed),
+                   f'{preset} seed {seed}', arl.EVAL_SAMPLES)
     return held
 
 
@@ -198,15 +201,16 @@ def run(args):
         print(f'{done} run(s) already finished in {out}, {len(todo)} to run', flush=True)
         if todo:
             from tqdm.auto import tqdm
-            bar = tqdm(total=len(todo), desc='sweep', unit='run', disable=args.no_progress,
-                       file=sys.stderr)
+            bar = tqdm(total=len(todo), desc='sweep', unit='run', file=sys.stderr,
+                       disable=args.no_progress or not sys.stderr.isatty())
 
             def on_result(index, result):
                 preset, seed = todo[index]
                 write_run(out, args, preset, seed, *result)
                 bar.update(1)
 
-            base = policies.base_agent(tok_cache(), args.base_seed)
+            base = policies.base_agent(tok_cache(), args.base_seed,
+                                       say=lambda line: print(line, flush=True))
             inner = getattr(args, 'executor', None) or LocalPool(args.processes)
             try:
                 arl.train_many(base, arl.make_tasks('train'), tok_cache(),
@@ -230,7 +234,8 @@ def summarize(out, args):
                              reward=sum(h['reward'] for h in last) / len(last),
                              reads=sum(h['reads'] for h in last) / len(last),
                              heldout_pass=held['pass_rate'], history=history))
-    header = 'preset,seed,reward_last10,reads_last10,heldout_pass'
+    k = min(10, args.steps)
+    header = f'preset,seed,reward_last{k},reads_last{k},heldout_pass'
     lines = [f"{r['preset']},{r['seed']},{r['reward']:.4f},{r['reads']:.4f},"
              f"{r['heldout_pass']:.4f}" for r in rows]
     runs.write_atomic(out / 'summary.csv', '\n'.join([header, *lines]) + '\n')
@@ -238,11 +243,11 @@ def summarize(out, args):
     fig = Figure(figsize=(6, 3.5))
     ax = fig.subplots()
     for r in rows:
-        ax.plot(arl.smooth([h['reward'] for h in r['history']]),
+        ax.plot(arl.smooth([h['reward'] for h in r['history']], runs.SMOOTHING),
                 color=f"C{args.presets.index(r['preset'])}", alpha=0.8,
                 label=r['preset'] if r['seed'] == args.seeds[0] else None)
     ax.set_xlabel('step')
-    ax.set_ylabel('training reward')
+    ax.set_ylabel(f'training reward ({runs.SMOOTHING}-step moving average)')
     ax.legend(fontsize=8)
     fig.tight_layout()
     runs.write_atomic(out / 'summary.png', _png(fig))

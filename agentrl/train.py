@@ -6,12 +6,21 @@
 Every field of ``RLConfig`` is an option (``--field-name VALUE``). A ``--variant`` preset from
 ``VARIANTS`` is applied first and explicit options override it. The run trains the RL base agent
 (``--base rl``, ``make_rl_base``) or Chapter 5's base agent (``--base default``) on the training
-tasks, evaluates on the held-out tasks every ``--eval-every`` steps, and writes into ``--out``:
+tasks, evaluates on the held-out tasks every ``--eval-every`` steps (4 episodes per task), and
+writes the run folder ``--out``, whole or not at all (``agentrl.runs``: built as a hidden
+``.partial`` folder, fsynced, renamed into place at the end):
 
-    history.json   one dict of statistics per step (train_rl's history)
-    config.json    the RLConfig as a dict, plus variant, base, steps, eval_every
-    eval.json      final held-out evaluation, 8 episodes per task (evaluate's statistics)
-    curves.png     learning curves of reward, reads and edits (plot_histories)
+    history.json   one dict of statistics per step (train_rl's history; keys in the README)
+    config.json    the RLConfig as a dict, plus variant, base, base_seed, steps, eval_every
+    eval.json      final held-out evaluation, 8 episodes per task (evaluate's statistics),
+                   with split, n_tasks, n_samples, seed
+    policy.pt      the trained policy (agentrl.policies.load_policy; python -m agentrl.evaluate)
+    curves.png     reward, reads and edits per step with their 5-step moving average, and the
+                   held-out pass rate at each evaluation
+
+An existing non-empty ``--out`` is refused unless ``--overwrite`` (which replaces it). Ctrl-C
+stops the run with one line and writes nothing. The base agent is cached on disk
+(``agentrl.policies.base_agent``), so only the first run of a base and seed clones it.
 
 This module is hand-written (not tangled from a chapter).
 """
@@ -19,16 +28,15 @@ import argparse
 import dataclasses
 import functools
 import inspect
-import json
 import math
 import os
 import sys
 from pathlib import Path
 
 import agentrl as arl
+from agentrl import policies, runs
 
 EVAL_SAMPLES = 8
-CURVE_KEYS = ('reward', 'reads', 'edits')
 _TRUE, _FALSE = ('true', '1', 'yes', 'on'), ('false', '0', 'no', 'off')
 
 
@@ -110,7 +118,7 @@ def build_parser():
     parser = argparse.ArgumentParser(
         prog='python -m agentrl.train',
         description='Train the RL base agent with train_rl (Chapter 9) on the BugFix gym and write '
-                    'history.json, config.json, eval.json and curves.png.',
+                    'a run folder: history.json, config.json, eval.json, policy.pt and curves.png.',
         epilog='Variant presets: ' + '; '.join(f'{name}: ' + ', '.join(f'{k}={v!r}' for k, v in fields.items())
                                                for name, fields in arl.VARIANTS.items()),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -128,6 +136,7 @@ def build_parser():
     run.add_argument('--threads', type=_parse_int, default=None, help="torch threads (default: torch's choice)%(default).0s")
     run.add_argument('--no-progress', action='store_true', help='no progress bar')
     run.add_argument('--out', default=None, help='output directory (default: runs/<variant>-seed<seed>)%(default).0s')
+    run.add_argument('--overwrite', action='store_true', help='replace an existing non-empty --out')
     fields = parser.add_argument_group('RLConfig fields (a --variant preset may change the default)')
     for field in dataclasses.fields(arl.RLConfig):
         fields.add_argument('--' + field.name.replace('_', '-'), dest=field.name, default=argparse.SUPPRESS,
@@ -227,6 +236,10 @@ def parse_args(argv=None):
     problem = out_dir_problem(Path(args.out))
     if problem:
         parser.error(f'--out {args.out!r}: {problem}')
+    out = Path(args.out)
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        parser.error(f'--out {args.out!r} already holds files (a run?); choose another folder, or '
+                     f'pass --overwrite to replace it')
     return args, cfg
 
 
@@ -246,100 +259,73 @@ def out_dir_problem(out):
     return None
 
 
-def _jsonable(value):
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
-        return value
-    if isinstance(value, float):
-        return value
-    if callable(value):
-        return getattr(value, '__name__', repr(value))
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def _write_json(path, obj):
-    def convert(o):
-        if isinstance(o, dict):
-            return {k: convert(v) for k, v in o.items()}
-        if isinstance(o, (list, tuple)):
-            return [convert(v) for v in o]
-        return _jsonable(o)
-    path.write_text(json.dumps(convert(obj), indent=1) + '\n')
-
-
-def _progress(steps, disable):
-    """A tqdm bar over steps and the train_rl callback that advances it."""
+def _progress(steps, disable, done):
+    """A tqdm bar over steps (off when asked or when stderr is not a terminal) and the
+    train_rl callback that advances it and counts the finished steps in done[0]."""
     from tqdm.auto import tqdm
-    bar = tqdm(total=steps, desc='train_rl', unit='step', disable=disable, file=sys.stderr)
+    bar = tqdm(total=steps, desc='train_rl', unit='step', file=sys.stderr,
+               disable=disable or not sys.stderr.isatty())
     held = {}
 
     def callback(record):
+        done[0] += 1
         if 'eval_pass' in record:
             held['value'] = record['eval_pass']
         postfix = dict(reward=f"{record['reward']:.3f}", reads=f"{record['reads']:.2f}")
         if held:
-            postfix['held-out'] = f"{held['value']:.3f}"
+            postfix[f'held-out ({arl.EVAL_SAMPLES}/task)'] = f"{held['value']:.3f}"
         bar.set_postfix(postfix, refresh=False)
         bar.update(1)
 
     return bar, callback
 
 
-def run(args, cfg):
-    """Train as args and cfg say and write the four output files -> {name: path}."""
+def run(args, cfg, done=None):
+    """Train as args and cfg say and write the run folder -> its path; done[0] counts the
+    finished steps (for the interruption message)."""
     import torch
+    done = [0] if done is None else done
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     train_tasks, heldout_tasks = arl.make_tasks('train'), arl.make_tasks('heldout')
-    print(f'base agent ({args.base}, seed {args.base_seed}) ...', flush=True)
-    model = (arl.make_rl_base if args.base == 'rl' else arl.make_base_agent)(tok, args.base_seed)
-    kwargs = dict(eval_tasks=heldout_tasks, eval_every=args.eval_every or args.steps, log_every=args.log_every)
-    bar = None
-    if 'callback' in inspect.signature(arl.train_rl).parameters:
-        bar, kwargs['callback'] = _progress(args.steps, args.no_progress)
-    elif not args.log_every:
-        kwargs['log_every'] = max(1, args.steps // 10)       # no callback: log lines instead of a bar
+    model = policies.base_agent(tok, args.base_seed, args.base,
+                                say=lambda line: print(line, flush=True))
+    kwargs = dict(eval_tasks=heldout_tasks, eval_every=args.eval_every or args.steps,
+                  log_every=args.log_every)
+    bar, kwargs['callback'] = _progress(args.steps, args.no_progress, done)
     if not args.eval_every:                                   # only the final evaluation below
         kwargs.pop('eval_tasks')
     try:
         history = arl.train_rl(model, train_tasks, tok, cfg, args.steps, **kwargs)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     held = arl.evaluate(model, heldout_tasks, tok, EVAL_SAMPLES, cfg.temperature,
                         torch.Generator().manual_seed(cfg.seed), cfg)
-
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / name for name in ('history.json', 'config.json', 'eval.json', 'curves.png')}
-    _write_json(paths['history.json'], history)
-    _write_json(paths['config.json'], dict(dataclasses.asdict(cfg), variant=args.variant, base=args.base,
-                                           base_seed=args.base_seed, steps=args.steps,
-                                           eval_every=args.eval_every))
-    _write_json(paths['eval.json'], dict(held, split='heldout', n_tasks=len(heldout_tasks),
-                                         n_samples=EVAL_SAMPLES, seed=cfg.seed))
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    axes = arl.plot_histories({f'{args.variant} seed {cfg.seed}': history}, keys=CURVE_KEYS)
-    axes[0].figure.tight_layout()
-    axes[0].figure.savefig(paths['curves.png'], dpi=100)
-    plt.close(axes[0].figure)
-
+    out.parent.mkdir(parents=True, exist_ok=True)
+    runs.write_run(out, model, tok, cfg, history,
+                   runs.run_config(cfg, args.variant, args.base, args.base_seed, args.steps,
+                                   args.eval_every),
+                   dict(held, split='heldout', n_tasks=len(heldout_tasks),
+                        n_samples=EVAL_SAMPLES, seed=cfg.seed),
+                   f'{args.variant} seed {cfg.seed}', arl.EVAL_SAMPLES)
     last = history[-1]
     print(f"done: {args.steps} steps | reward (last step) {last['reward']:.3f} | "
-          f"held-out pass ({EVAL_SAMPLES} per task) {held['pass_rate']:.3f}")
-    for name, path in paths.items():
-        print(f'wrote {path}')
-    return paths
+          f"held-out pass@1 ({EVAL_SAMPLES} episodes per task) {held['pass_rate']:.3f}")
+    print(f"wrote {out}/: {' '.join(runs.RUN_FILES)}")
+    return out
 
 
 def main(argv=None):
     args, cfg = parse_args(argv)
-    run(args, cfg)
+    done = [0]
+    try:
+        run(args, cfg, done)
+    except KeyboardInterrupt:
+        print(f'\ninterrupted after {done[0]} of {args.steps} steps; nothing written to '
+              f'{args.out}', file=sys.stderr)
+        return 130
     return 0
 
 

@@ -17,10 +17,11 @@ def test_sweep_writes_runs_and_summary_and_resumes(tmp_path, capsys):
     assert sweep.main(['--out', str(out), *ARGS]) == 0
     for seed in (0, 1):
         run = out / f'default-seed{seed}'
-        assert {p.name for p in run.iterdir()} == {'history.json', 'config.json', 'eval.json'}
+        assert {p.name for p in run.iterdir()} == {'history.json', 'config.json', 'eval.json',
+                                                   'policy.pt', 'curves.png'}
     assert (out / 'summary.png').exists()
     first = (out / 'summary.csv').read_text()
-    assert first.splitlines()[0] == 'preset,seed,reward_last10,reads_last10,heldout_pass'
+    assert first.splitlines()[0] == 'preset,seed,reward_last1,reads_last1,heldout_pass'
     shutil.rmtree(out / 'default-seed1')                 # as if interrupted before it
     (out / '.default-seed1.partial').mkdir()             # with a half-written run left over
     capsys.readouterr()

@@ -37,10 +37,12 @@ def cli_run(tmp_path_factory):
 def test_cli_run_succeeds_and_prints_paths(cli_run):
     result, out = cli_run
     assert result.returncode == 0, result.stdout + result.stderr
-    for name in ('history.json', 'config.json', 'eval.json', 'curves.png'):
-        assert (out / name).is_file()
-        assert f'wrote {out / name}' in result.stdout
-    assert 'train_rl' in result.stderr                                       # the progress bar
+    names = ('history.json', 'config.json', 'eval.json', 'policy.pt', 'curves.png')
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)            # nothing else
+    assert f"wrote {out}/: {' '.join(names)}" in result.stdout
+    assert '\r' not in result.stderr and 'train_rl' not in result.stderr     # no bar off a terminal
+    assert 'held-out pass@1 (8 episodes per task)' in result.stdout
+    assert not list(out.parent.glob('.*partial'))
 
 
 def test_cli_history_json(cli_run):
@@ -71,6 +73,46 @@ def test_cli_eval_json_and_png(cli_run):
     assert held['n_samples'] == 8 and held['n_tasks'] == len(arl.make_tasks('heldout'))
     assert 0.0 <= held['pass_rate'] <= 1.0 and set(held) >= {'reward', 'reads', 'edits', 'turns'}
     assert (out / 'curves.png').read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+def test_cli_policy_evaluates_to_its_eval_json(cli_run, tmp_path):
+    from agentrl import evaluation, policies
+    _, out = cli_run
+    model, tok, cfg = policies.load_policy(out / 'policy.pt')
+    assert cfg == dataclasses.replace(arl.RLConfig(**arl.VARIANTS['dapo']), group_size=2,
+                                      prompts_per_step=2, seed=1, clip_high=0.3)
+    report = tmp_path / 'again.json'
+    assert evaluation.main([str(out), '--samples', '8', '--seed', '1', '--json', str(report)]) == 0
+    held = json.loads((out / 'eval.json').read_text())
+    assert json.loads(report.read_text())['pass_rate'] == held['pass_rate']
+
+
+def test_cli_refuses_a_folder_that_holds_files_unless_overwrite(cli_run):
+    _, out = cli_run
+    result = run_cli('--steps', '1', '--out', str(out), timeout=300)
+    assert result.returncode == 2
+    assert 'already holds files' in result.stderr and '--overwrite' in result.stderr
+    args, _ = train.parse_args(['--out', str(out), '--overwrite'])
+    assert args.overwrite
+
+
+def test_ctrl_c_prints_one_line_and_writes_nothing(tmp_path):
+    import signal
+    import time
+    out = tmp_path / 'run'
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED='0')
+    process = subprocess.Popen([sys.executable, '-m', 'agentrl.train', '--steps', '200',
+                                '--threads', '1', '--out', str(out)], cwd=REPO, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().startswith('base agent')       # training has begun
+    time.sleep(2)
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130
+    assert 'Traceback' not in stderr
+    assert stderr.strip().splitlines()[-1].startswith('interrupted after ')
+    assert stderr.strip().splitlines()[-1].endswith(f'of 200 steps; nothing written to {out}')
+    assert not out.exists() and not list(tmp_path.glob('.*'))
 
 
 def test_cli_help_lists_every_option_with_default():
