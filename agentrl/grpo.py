@@ -379,19 +379,32 @@ EVAL_SAMPLES = 4
 
 
 def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_every=20,
-             env_factory=None, ref_model=None, callback=None, objective=Objective()):
+             env_factory=None, ref_model=None, callback=None, objective=Objective(),
+             state=None):
     """Train model in place with group-relative RL for `steps` steps -> history:
-    one dict of statistics per step."""
+    one dict of statistics per step (its keys: the README's table).
+
+    Each step samples cfg.prompts_per_step of `tasks` x cfg.group_size episodes and
+    learns from them; `eval_tasks`, if given, are scored every `eval_every` steps and
+    at the last (`eval_pass`, EVAL_SAMPLES episodes each); `log_every` prints a line.
+    The seams: env_factory() makes each episode's environment (None: make_env(cfg));
+    ref_model is the KL reference (None with cfg.kl_coef: a frozen copy of model);
+    objective gives the advantages and the loss; callback(record) runs after each
+    step; state, a dict, holds what a run carries from step to step (generator,
+    optimizer, history, reference): pass the same dict back to go on where it stopped.
+    """
     if eval_every < 1:
         raise ValueError(f'eval_every must be at least 1, got {eval_every!r}')
-    generator = torch.Generator().manual_seed(cfg.seed)
+    state = {} if state is None else state
+    generator = state.setdefault('generator', torch.Generator().manual_seed(cfg.seed))
     env_factory = env_factory or functools.partial(make_env, cfg)
     if ref_model is None and cfg.kl_coef:
         # pi_ref: the starting policy, frozen
-        ref_model = copy.deepcopy(model).eval()
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
-    history = []
-    for step in range(steps):
+        ref_model = state.setdefault('ref_model', copy.deepcopy(model).eval())
+    optimizer = state.setdefault(
+        'optimizer', torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True))
+    history = state.setdefault('history', [])
+    for step in range(len(history), steps):
         kept, sampled = sample_step(model, env_factory, tasks, tok, cfg, generator)
         record = dict(step=step, n_episodes=len(sampled),
                       zero_adv_frac=zero_advantage_fraction(sampled, cfg.group_size))

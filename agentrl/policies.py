@@ -111,12 +111,11 @@ def base_agent(tok, seed=0, base='rl', say=print):
         try:
             model, cached_tok, _ = load_policy(path)
             if cached_tok.vocab == tok.vocab:
-                say(f'base agent ({base}, seed {seed}): from the cache {path}')
+                say(f'base agent ({base}, seed {seed}): from the cache')
                 return model
         except ValueError:
             pass                                     # unreadable: build it again
-    say(f'base agent ({base}, seed {seed}): behaviour cloning (once; then cached in '
-        f'{path.parent})')
+    say(f'base agent ({base}, seed {seed}): behaviour cloning, once (then cached)')
     model = build[base](tok, seed)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -204,3 +204,50 @@ def write_run(folder, model, tok, cfg, history, config, evaluation, title, eval_
         'eval.json': to_json(evaluation),
         'policy.pt': policies.policy_bytes(model, tok, cfg),
         'curves.png': curves_png(history, title, eval_samples)})
+
+
+CHECKPOINT_FORMAT = 'agentrl-checkpoint/1'
+
+
+def checkpoint_path(out):
+    """Where the run folder `out` keeps its checkpoint until the run is written."""
+    out = Path(out)
+    return out.with_name(f'.{out.name}.checkpoint.pt')
+
+
+def save_checkpoint(path, model, state, config):
+    """Write train_rl's state (generator, optimizer, history, reference) and model's weights,
+    with the run's config.json, to path, whole or not at all."""
+    import io
+
+    import torch
+    from agentrl import policies
+    ref = state.get('ref_model')
+    record = dict(format=CHECKPOINT_FORMAT, config=_plain(config),
+                  spec=policies.policy_spec(model), model=model.state_dict(),
+                  optimizer=state['optimizer'].state_dict(),
+                  generator=state['generator'].get_state(), history=state['history'],
+                  ref_model=None if ref is None else ref.state_dict())
+    buffer = io.BytesIO()
+    torch.save(record, buffer)
+    write_atomic(path, buffer.getvalue())
+
+
+def load_checkpoint(path, config):
+    """A checkpoint of the run whose config.json is `config` -> its record; ValueError
+    naming what differs if it is another run's, or if it is not a checkpoint."""
+    import torch
+    try:
+        record = torch.load(path, weights_only=True)
+    except Exception as error:
+        raise ValueError(f'{str(path)!r} is not a readable checkpoint ({error})') from None
+    if not isinstance(record, dict) or record.get('format') != CHECKPOINT_FORMAT:
+        raise ValueError(f'{str(path)!r} is not a checkpoint of format {CHECKPOINT_FORMAT!r}')
+    wanted = _plain(config)
+    differ = [k for k in sorted(set(wanted) | set(record['config']))
+              if wanted.get(k) != record['config'].get(k)]
+    if differ:
+        raise ValueError(f'the checkpoint {str(path)!r} is of another run ('
+                         + ', '.join(f"{k}: {record['config'].get(k)!r} there, "
+                                     f"{wanted.get(k)!r} asked" for k in differ) + ')')
+    return record

@@ -136,7 +136,12 @@ def build_parser():
     run.add_argument('--threads', type=_parse_int, default=None, help="torch threads (default: torch's choice)%(default).0s")
     run.add_argument('--no-progress', action='store_true', help='no progress bar')
     run.add_argument('--out', default=None, help='output directory (default: runs/<variant>-seed<seed>)%(default).0s')
-    run.add_argument('--overwrite', action='store_true', help='replace an existing non-empty --out')
+    run.add_argument('--overwrite', action='store_true',
+                     help='replace an existing non-empty --out (and forget a checkpoint of it)')
+    run.add_argument('--resume', action='store_true',
+                     help="continue an interrupted run from its checkpoint (same options)")
+    run.add_argument('--checkpoint-every', type=_parse_int, default=10,
+                     help='keep a checkpoint every N steps until the run is written (0 = none)')
     fields = parser.add_argument_group('RLConfig fields (a --variant preset may change the default)')
     for field in dataclasses.fields(arl.RLConfig):
         fields.add_argument('--' + field.name.replace('_', '-'), dest=field.name, default=argparse.SUPPRESS,
@@ -216,7 +221,7 @@ def parse_args(argv=None):
     for name in ('steps',):
         if getattr(args, name) < 1:
             parser.error(f'--{name} must be at least 1, got {getattr(args, name)}')
-    for name in ('eval_every', 'log_every'):
+    for name in ('eval_every', 'log_every', 'checkpoint_every'):
         if getattr(args, name) < 0:
             parser.error(f'--{name.replace("_", "-")} must be 0 or more, got {getattr(args, name)}')
     if args.threads is not None and args.threads < 1:
@@ -236,10 +241,17 @@ def parse_args(argv=None):
     problem = out_dir_problem(Path(args.out))
     if problem:
         parser.error(f'--out {args.out!r}: {problem}')
-    out = Path(args.out)
+    out, checkpoint = Path(args.out), runs.checkpoint_path(args.out)
+    if args.resume and args.overwrite:
+        parser.error('--resume continues a run and --overwrite starts it afresh: choose one')
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
-        parser.error(f'--out {args.out!r} already holds files (a run?); choose another folder, or '
-                     f'pass --overwrite to replace it')
+        parser.error(f'--out {args.out!r} already holds files (a finished run?); choose another '
+                     f'folder, or pass --overwrite to replace it')
+    if args.resume and not checkpoint.is_file():
+        parser.error(f'--resume: no checkpoint of --out {args.out!r} at {str(checkpoint)!r}')
+    if checkpoint.is_file() and not (args.resume or args.overwrite):
+        parser.error(f'--out {args.out!r} has the checkpoint of an interrupted run; pass --resume '
+                     f'to continue it or --overwrite to start afresh')
     return args, cfg
 
 
@@ -280,20 +292,60 @@ def _progress(steps, disable, done):
     return bar, callback
 
 
+def _resumed(args, cfg, config, tok, train_tasks):
+    """The model and train_rl state saved in the run's checkpoint, checked to be this run's."""
+    record = runs.load_checkpoint(runs.checkpoint_path(args.out), config)
+    model = arl.TinyAgent(**record['spec'])
+    model.load_state_dict(record['model'])
+    model.eval()
+    state = {}
+    arl.train_rl(model, train_tasks, tok, cfg, 0, state=state)   # the loop's own optimizer...
+    state['optimizer'].load_state_dict(record['optimizer'])       # ...given its saved moments
+    state['generator'].set_state(record['generator'])
+    state['history'].extend(record['history'])
+    if record['ref_model'] is not None:
+        state['ref_model'].load_state_dict(record['ref_model'])
+    print(f"resuming after step {len(record['history'])} of {args.steps}", flush=True)
+    return model, state
+
+
+def _checkpointing(args, model, state, config, done):
+    """A train_rl callback that keeps a checkpoint every args.checkpoint_every steps."""
+    path = runs.checkpoint_path(args.out)
+
+    def callback(record):
+        step = record['step'] + 1
+        if args.checkpoint_every and step % args.checkpoint_every == 0 and step < args.steps:
+            runs.save_checkpoint(path, model, state, config)
+            done[1] = step
+
+    return callback
+
+
 def run(args, cfg, done=None):
-    """Train as args and cfg say and write the run folder -> its path; done[0] counts the
-    finished steps (for the interruption message)."""
+    """Train as args and cfg say and write the run folder -> its path; done = [steps
+    finished, step of the last checkpoint] (for the interruption message)."""
     import torch
-    done = [0] if done is None else done
+    done = [0, None] if done is None else done
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     train_tasks, heldout_tasks = arl.make_tasks('train'), arl.make_tasks('heldout')
-    model = policies.base_agent(tok, args.base_seed, args.base,
-                                say=lambda line: print(line, flush=True))
+    config = runs.run_config(cfg, args.variant, args.base, args.base_seed, args.steps,
+                             args.eval_every)
+    if args.resume:
+        model, state = _resumed(args, cfg, config, tok, train_tasks)
+    else:
+        model, state = policies.base_agent(tok, args.base_seed, args.base,
+                                           say=lambda line: print(line, flush=True)), {}
+    done[0] = len(state.get('history', []))
+    done[1] = done[0] if args.resume else None                 # its checkpoint is still there
     kwargs = dict(eval_tasks=heldout_tasks, eval_every=args.eval_every or args.steps,
-                  log_every=args.log_every)
-    bar, kwargs['callback'] = _progress(args.steps, args.no_progress, done)
+                  log_every=args.log_every, state=state)
+    bar, show = _progress(args.steps, args.no_progress, done)
+    bar.update(done[0])
+    keep = _checkpointing(args, model, state, config, done)
+    kwargs['callback'] = lambda record: (show(record), keep(record))
     if not args.eval_every:                                   # only the final evaluation below
         kwargs.pop('eval_tasks')
     try:
@@ -304,12 +356,11 @@ def run(args, cfg, done=None):
                         torch.Generator().manual_seed(cfg.seed), cfg)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    runs.write_run(out, model, tok, cfg, history,
-                   runs.run_config(cfg, args.variant, args.base, args.base_seed, args.steps,
-                                   args.eval_every),
+    runs.write_run(out, model, tok, cfg, history, config,
                    dict(held, split='heldout', n_tasks=len(heldout_tasks),
                         n_samples=EVAL_SAMPLES, seed=cfg.seed),
                    f'{args.variant} seed {cfg.seed}', arl.EVAL_SAMPLES)
+    runs.checkpoint_path(out).unlink(missing_ok=True)          # the run is whole: no longer needed
     last = history[-1]
     print(f"done: {args.steps} steps | reward (last step) {last['reward']:.3f} | "
           f"held-out pass@1 ({EVAL_SAMPLES} episodes per task) {held['pass_rate']:.3f}")
@@ -319,12 +370,15 @@ def run(args, cfg, done=None):
 
 def main(argv=None):
     args, cfg = parse_args(argv)
-    done = [0]
+    if args.overwrite:
+        runs.checkpoint_path(args.out).unlink(missing_ok=True)
+    done = [0, None]
     try:
         run(args, cfg, done)
     except KeyboardInterrupt:
-        print(f'\ninterrupted after {done[0]} of {args.steps} steps; nothing written to '
-              f'{args.out}', file=sys.stderr)
+        kept = (f'the checkpoint of step {done[1]} is kept: rerun with --resume to go on'
+                if done[1] else f'nothing written to {args.out}')
+        print(f'\ninterrupted after {done[0]} of {args.steps} steps; {kept}', file=sys.stderr)
         return 130
     return 0
 

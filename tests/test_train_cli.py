@@ -102,7 +102,8 @@ def test_ctrl_c_prints_one_line_and_writes_nothing(tmp_path):
     out = tmp_path / 'run'
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED='0')
     process = subprocess.Popen([sys.executable, '-m', 'agentrl.train', '--steps', '200',
-                                '--threads', '1', '--out', str(out)], cwd=REPO, env=env,
+                                '--threads', '1', '--checkpoint-every', '0', '--out', str(out)],
+                               cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert process.stdout.readline().startswith('base agent')       # training has begun
     time.sleep(2)
@@ -113,6 +114,59 @@ def test_ctrl_c_prints_one_line_and_writes_nothing(tmp_path):
     assert stderr.strip().splitlines()[-1].startswith('interrupted after ')
     assert stderr.strip().splitlines()[-1].endswith(f'of 200 steps; nothing written to {out}')
     assert not out.exists() and not list(tmp_path.glob('.*'))
+
+
+# learns from step 0 (seed 0's groups differ), so a resume that lost the optimizer's moments or
+# the KL reference (the starting policy, not the checkpointed one) would end elsewhere
+SMALL = ['--steps', '6', '--group-size', '4', '--prompts-per-step', '2', '--eval-every', '2',
+         '--threads', '1', '--seed', '0', '--kl-coef', '0.05', '--checkpoint-every', '2']
+
+
+def test_a_killed_run_resumed_ends_identical_to_an_uninterrupted_one(tmp_path):
+    """SIGKILL after the first checkpoint, then --resume: histories, weights, evaluation and
+    curves equal, byte for byte, those of a run never stopped (KL on: the reference too)."""
+    import signal
+    import time
+    whole, cut = tmp_path / 'whole', tmp_path / 'cut'
+    assert run_cli(*SMALL, '--out', str(whole)).returncode == 0
+    assert not (tmp_path / '.whole.checkpoint.pt').exists()          # removed once written
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONHASHSEED='0')
+    process = subprocess.Popen([sys.executable, '-m', 'agentrl.train', *SMALL, '--out', str(cut)],
+                               cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    checkpoint = tmp_path / '.cut.checkpoint.pt'
+    deadline = time.monotonic() + 600
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoint.exists() and not cut.exists()                  # stopped mid-run
+    again = run_cli(*SMALL, '--out', str(cut))
+    assert again.returncode == 2 and 'pass --resume' in again.stderr
+    resumed = run_cli(*SMALL, '--out', str(cut), '--resume')
+    assert resumed.returncode == 0, resumed.stderr
+    assert 'resuming after step' in resumed.stdout
+    for name in ('history.json', 'policy.pt', 'eval.json', 'config.json', 'curves.png'):
+        assert (cut / name).read_bytes() == (whole / name).read_bytes(), name
+    assert not checkpoint.exists()
+
+
+def test_resume_refuses_another_runs_checkpoint(tmp_path):
+    from agentrl import runs
+    out = tmp_path / 'run'
+    args, cfg = train.parse_args([*SMALL, '--out', str(out)])
+    model = arl.TinyAgent(len(arl.build_tokenizer(arl.make_tasks('all'))), d_model=16,
+                          n_layers=1, n_heads=2, d_ff=32)
+    state = {}
+    arl.train_rl(model, arl.make_tasks('train'), arl.build_tokenizer(arl.make_tasks('all')),
+                 cfg, 0, state=state)
+    config = runs.run_config(cfg, 'default', 'rl', 0, 6, 2)
+    assert cfg.group_size == 4
+    runs.save_checkpoint(runs.checkpoint_path(out), model, state, config)
+    with pytest.raises(ValueError, match="steps: 6 there, 8 asked"):
+        runs.load_checkpoint(runs.checkpoint_path(out), dict(config, steps=8))
+    with pytest.raises(SystemExit):
+        train.parse_args([*SMALL, '--out', str(tmp_path / 'other'), '--resume'])
 
 
 def test_cli_help_lists_every_option_with_default():
