@@ -231,7 +231,7 @@ def _op_kind(name):
 @contextlib.contextmanager
 def cpu_profile():
     """torch.profiler over the block, CPU ops -> the profiler. torch 2.13 prints a
-    timestamped line to stderr when profiling starts and stops; those two are dropped."""
+    timestamped line to stderr when profiling starts and stops: both are dropped."""
     profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
     with plumbing.stderr_captured():
         profiler.__enter__()
@@ -531,7 +531,8 @@ TRL_LOSS = {'token_mean': 'dapo', 'seq_mean_token_mean': 'grpo', 'constant': 'dr
 VERL_LOSS = {'token_mean': 'token-mean', 'seq_mean_token_mean': 'seq-mean-token-mean',
              'seq_mean_token_sum': 'seq-mean-token-sum',
              'constant': 'seq-mean-token-sum-norm'}
-OPENRLHF_LOSS = {'token_mean': 'token-mean', 'seq_mean_token_mean': 'seq-mean-token-mean'}
+OPENRLHF_LOSS = {'token_mean': 'token-mean',
+                 'seq_mean_token_mean': 'seq-mean-token-mean'}
 VERL_KL = {'k1': 'kl', 'k2': 'mse', 'k3': 'low_var_kl'}
 OVERLONG_IN_TURNS = 'our buffer counts turns, the trainers\' count response tokens'
 GROUP_STD = ('divides by the group\'s N-1 standard deviation (+{eps}), ours by the '
@@ -643,7 +644,7 @@ def to_verl(cfg):
     if in_loss:
         pairs += [(f'{actor}.kl_loss_coef', cfg.kl_coef),
                   (f'{actor}.kl_loss_type', VERL_KL[cfg.kl_kind])]
-    elif cfg.kl_coef:                  # ours: k1 summed over the episode, whatever kl_kind
+    elif cfg.kl_coef:                  # ours: k1 summed over an episode, any kl_kind
         pairs += [('algorithm.kl_ctrl.kl_coef', cfg.kl_coef),
                   ('algorithm.kl_penalty', 'kl')]
     missing = _not_carried(cfg, 'verl', 'an agent loop or a reward function',
@@ -656,9 +657,10 @@ def to_verl(cfg):
     if cfg.dynamic_sampling:
         missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
             'main_ppo has no group filter in verl 0.8; the DAPO recipe\'s entry point '
-            '(recipe/dapo/main_dapo.py) reads +algorithm.filter_groups.enable, .metric '
-            '(the score to compare), .max_num_gen_batches and +data.gen_batch_size, and '
-            'raises when that cap is reached where ours trains on the partial batch')
+            '(recipe/dapo/main_dapo.py) reads +algorithm.filter_groups.enable, '
+            '.metric (the score to compare), .max_num_gen_batches and '
+            '+data.gen_batch_size, and raises when that cap is reached where ours '
+            'trains on the partial batch')
     if cfg.prompts_per_step % cfg.minibatches:
         missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
                                   f'{cfg.minibatches} minibatches of whole groups')
@@ -679,14 +681,15 @@ def to_openrlhf(cfg):
              '--actor.adam.lr', str(cfg.lr), '--actor.adam.betas', '0.9', '0.999',
              '--actor.lr_scheduler', 'constant', '--actor.lr_warmup_ratio', '0',
              '--actor.max_norm', str(cfg.max_grad_norm), '--train.seed', str(cfg.seed),
-             '--algo.kl.init_coef', str(cfg.kl_coef)]   # 0 said: OpenRLHF's default is 0.01
+             # said even when 0: OpenRLHF's default is 0.01
+             '--algo.kl.init_coef', str(cfg.kl_coef)]
     if cfg.ratio_level == 'sequence':
         flags += ['--actor.policy_loss_type', 'gspo']
     if cfg.loss_mode in OPENRLHF_LOSS:
         flags += ['--actor.loss_agg_mode', OPENRLHF_LOSS[cfg.loss_mode]]
     if cfg.kl_coef and cfg.kl_placement == 'loss':
         flags += ['--algo.kl.estimator', cfg.kl_kind, '--algo.kl.use_loss']
-    elif cfg.kl_coef:                  # ours: k1 summed over the episode, whatever kl_kind
+    elif cfg.kl_coef:                  # ours: k1 summed over an episode, any kl_kind
         flags += ['--algo.kl.estimator', 'k1']
     if cfg.entropy_coef:
         flags += ['--actor.entropy_coef', str(cfg.entropy_coef)]
