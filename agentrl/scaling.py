@@ -441,7 +441,7 @@ def _run_with_threads(threads, fn, *args):
 
 class RayExecutor:
     """train_many's executor on Ray: each job one task of cpus_per_run CPUs, on a local
-    Ray (address None, num_cpus) or on the cluster at address (see ADDRESS_FORMS)."""
+    Ray (address None, num_cpus) or on the cluster at address (see plumbing)."""
 
     def __init__(self, address=None, num_cpus=None, cpus_per_run=1, retries=2):
         if address not in (None, 'auto'):

@@ -274,3 +274,15 @@ def test_other_kernels_checks_that_every_unmarked_cell_holds(recorded_copy):
     _set_output(beta, "9.000", "9.001")
     r = run_tool("check.py", "--root", str(recorded_copy), "--other-kernels", str(beta))
     assert r.returncode == 1 and report_rows(r.stdout)["all"][-1] == 1
+
+
+def test_coalesce_streams_joins_a_cells_consecutive_prints_of_one_stream():
+    import nbformat
+    from record import coalesce_streams
+    out = lambda name, text: nbformat.v4.new_output('stream', name=name, text=text)  # noqa: E731
+    png = nbformat.v4.new_output('display_data', data={'image/png': 'AA=='})
+    merged = coalesce_streams([out('stdout', 'a\n'), out('stdout', 'b\n'), out('stderr', 'w\n'),
+                               out('stdout', 'c\n'), png, out('stdout', 'd\n')])
+    assert [(o.get('name'), o.get('text')) for o in merged] == [
+        ('stdout', 'a\nb\n'), ('stderr', 'w\n'), ('stdout', 'c\n'), (None, None),
+        ('stdout', 'd\n')]

@@ -133,10 +133,26 @@ def execute(root: Path, nb: nbformat.NotebookNode) -> dict:
     return json.loads(text.strip().splitlines()[-1])
 
 
+def coalesce_streams(outputs: list) -> list:
+    """Consecutive stream outputs of one name as one: how the kernel chunked a cell's prints
+    (by time) is not part of its output, so a re-record writes the same file."""
+    merged: list = []
+    for out in outputs:
+        if (out.get("output_type") == "stream" and merged
+                and merged[-1].get("output_type") == "stream"
+                and merged[-1].get("name") == out.get("name")):
+            merged[-1]["text"] = "".join(merged[-1]["text"]) + "".join(out["text"])
+        else:
+            merged.append(out)
+    return merged
+
+
 def finish(nb: nbformat.NotebookNode, info: dict, rel: str) -> nbformat.NotebookNode:
     for cell in nb.cells:
         for key in VOLATILE_CELL_METADATA:
             cell.metadata.pop(key, None)
+        if cell.cell_type == "code":
+            cell.outputs = coalesce_streams(cell.outputs)
     nb.metadata.pop("jupytext", None)
     nb.metadata["agentrl_record"] = dict(info, chapter=rel)
     nbformat.validate(nb)
