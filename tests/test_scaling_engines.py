@@ -70,16 +70,27 @@ def test_a_lost_worker_is_retried(local_ray, tmp_path):
     assert local_ray(_die_once, [(str(tmp_path / 'marker'),)]) == ['retried']
 
 
-def _sleep_then(seconds, value):
+def _wait_for(marker, value, write=False, timeout=60.0):
+    """Write marker (the fast job), or wait for it (the slow one) -> value, or 'timed out'."""
     import time
-    time.sleep(seconds)
+    if write:
+        open(marker, 'w').close()
+        return value
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(marker):
+        if time.monotonic() > deadline:
+            return 'timed out'
+        time.sleep(0.01)
     return value
 
 
-def test_runs_start_at_once_and_come_back_as_they_finish(local_ray):
-    order = [i for i, _ in local_ray.as_completed(_sleep_then, [(3.0, 'slow'),
-                                                                (0.0, 'fast')])]
-    assert order == [1, 0]                 # batches would have returned the slow one first
+def test_runs_start_at_once_and_come_back_as_they_finish(local_ray, tmp_path):
+    """The first job can finish only after the second has run: with every job submitted at
+    once the second comes back first; run one at a time, the first would time out."""
+    marker = str(tmp_path / 'fast-done')
+    results = list(local_ray.as_completed(_wait_for, [(marker, 'slow'),
+                                                      (marker, 'fast', True)]))
+    assert results == [(1, 'fast'), (0, 'slow')]
 
 
 def _threads():
