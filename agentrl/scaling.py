@@ -586,8 +586,8 @@ def to_trl(cfg, processes=1, use_cpu=None):
         missing['kl_kind'] = "TRL's beta weighs the k3 estimator only"
     if cfg.kl_coef and not {'kl_placement', 'kl_kind'} & set(missing):
         kwargs['beta'] = cfg.kl_coef
-    if cfg.entropy_coef:
-        missing['entropy_coef'] = 'GRPOTrainer has no entropy bonus'
+    if cfg.entropy_coef:               # a token mean of the entropy, as ours
+        kwargs['entropy_coef'] = cfg.entropy_coef
     if cfg.dynamic_sampling:
         missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
             'no flag; TRL logs frac_reward_zero_std, the share of groups it would '
@@ -633,7 +633,8 @@ def to_verl(cfg):
              (f'{actor}.entropy_coeff', cfg.entropy_coef),
              ('algorithm.adv_estimator', estimator),
              ('algorithm.norm_adv_by_std_in_grpo', cfg.adv_mode == 'grpo'),
-             ('data.seed', cfg.seed), (f'{actor}.data_loader_seed', cfg.seed)]
+             ('data.seed', cfg.seed), (f'{actor}.data_loader_seed', cfg.seed),
+             (f'{actor}.shuffle', True)]       # ours draws new minibatches each epoch
     if cfg.loss_mode == 'constant':
         pairs.append((f'{actor}.loss_scale_factor', _scale_factor(cfg)))
     if cfg.ratio_level == 'sequence':
@@ -651,7 +652,12 @@ def to_verl(cfg):
                            "+reward.reward_kwargs.overlong_buffer_cfg.* with "
                            "reward.reward_manager.name=dapo")
     missing['seed'] = ('data.seed and actor.data_loader_seed carry the shuffling; '
-                       'verl 0.8 has no key for the sampler\'s seed')
+                       'verl 0.8 has no seed for the rollout engine\'s sampling')
+    missing['clip_low'] = ('verl also caps the loss of negative-advantage tokens at '
+                           'ratio actor.clip_ratio_c (3.0, dual-clip PPO); ours does not')
+    if cfg.loss_mode != 'token_mean' and (cfg.kl_coef or cfg.entropy_coef):
+        missing['loss_mode'] = ('verl aggregates the KL and entropy terms by '
+                                'loss_agg_mode too; ours takes their token mean')
     if cfg.adv_mode == 'grpo':
         missing['adv_mode'] = 'verl ' + GROUP_STD.format(eps='1e-6')
     if cfg.dynamic_sampling:
@@ -704,6 +710,11 @@ def to_openrlhf(cfg):
                                 f'seq-mean-token-mean only ({cfg.loss_mode})')
     if cfg.adv_mode == 'grpo':
         missing['adv_mode'] = 'OpenRLHF ' + GROUP_STD.format(eps='1e-9')
+    if cfg.kl_coef and cfg.kl_placement == 'reward':
+        missing['kl_placement'] = ('OpenRLHF adds -coef x k1 to each token\'s reward '
+                                   'after the group normalization, and each token '
+                                   'learns its reward-to-go; ours subtracts the '
+                                   'episode\'s summed k1 before it')
     if cfg.dynamic_sampling:
         missing['max_sample_rounds'] = ('OpenRLHF refills a step with new prompts '
                                         'without a limit on rounds')

@@ -196,7 +196,8 @@ def test_to_verl_known_overrides():
     assert 'algorithm.norm_adv_by_std_in_grpo=true' in overrides
     assert 'actor_rollout_ref.actor.optim.clip_grad=1.0' in overrides
     assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'seed', 'adv_mode', 'dynamic_sampling',
-                            'max_sample_rounds'}
+                            'max_sample_rounds', 'clip_low'}     # clip_low: verl's dual clip
+    assert 'actor_rollout_ref.actor.shuffle=true' in overrides
     overrides, _ = arl.to_verl(arl.RLConfig(adv_mode='mean', kl_coef=0.1,
                                             kl_placement='reward'))
     assert 'algorithm.norm_adv_by_std_in_grpo=false' in overrides

@@ -120,11 +120,23 @@ def test_openrlhf_mean_baseline_is_its_dr_grpo_estimator():
     assert getattr(namespace, 'algo.advantage.estimator') == 'dr_grpo'
 
 
-def test_openrlhf_reward_kl_is_k1_as_ours_is():
-    namespace = trainer_configs.openrlhf_parse(arl.to_openrlhf(
-        arl.RLConfig(kl_coef=0.05, kl_placement='reward', kl_kind='k3'))[0])
+def test_openrlhf_reward_kl_is_k1_and_its_placement_is_reported():
+    flags, missing = arl.to_openrlhf(
+        arl.RLConfig(kl_coef=0.05, kl_placement='reward', kl_kind='k3'))
+    namespace = trainer_configs.openrlhf_parse(flags)
     assert getattr(namespace, 'algo.kl.estimator') == 'k1'
     assert not getattr(namespace, 'algo.kl.use_loss')
+    assert 'reward-to-go' in missing['kl_placement']          # not the same penalty as ours
+
+
+def test_verl_differences_we_cannot_switch_off_are_reported():
+    _, missing = arl.to_verl(arl.RLConfig())
+    assert 'clip_ratio_c' in missing['clip_low']
+    tree = composed(arl.RLConfig())
+    assert tree['actor_rollout_ref']['actor']['clip_ratio_c'] == 3.0   # what it reports
+    assert tree['actor_rollout_ref']['actor']['shuffle'] is True
+    _, missing = arl.to_verl(arl.RLConfig(**arl.VARIANTS['grpo']))
+    assert 'aggregates the KL' in missing['loss_mode']
 
 
 def test_group_std_difference_is_reported_with_its_factor():
