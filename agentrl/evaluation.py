@@ -1,4 +1,4 @@
-"""Command line entry point: evaluate a saved policy, pass@1 and what its episodes did.
+"""Evaluate a saved policy: pass@1 and what its episodes did, with standard errors.
 
     python -m agentrl.evaluate runs/default-seed0                      # held-out, 8 per task
     python -m agentrl.evaluate runs/default-seed0 --split train --samples 16 --seed 3
@@ -8,7 +8,8 @@ RUN is a run folder written by ``agentrl.train`` or ``agentrl.sweep`` (its ``pol
 policy file itself. The policy samples ``--samples`` episodes of every task of ``--split`` in
 the environment of the configuration it was trained with (its turn budget, renaming, edit budget
 and reward), at its temperature unless ``--temperature`` is given, from a generator seeded with
-``--seed``. Printed per statistic of ``episode_behavior``: the mean over all episodes and its
+``--seed`` (default: the run's seed, so a run folder's own ``eval.json`` is reproduced by
+default). Printed per statistic of ``episode_behavior``: the mean over all episodes and its
 standard error over tasks (the standard deviation of the per-task means over the square root of
 the number of tasks: episodes of one task are not independent draws). pass@1 is ``pass_rate``,
 the share of episodes that submitted a fix passing the hidden tests. The same policy, split,
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import agentrl as arl
 from agentrl import policies, runs
-from agentrl.train import MAX_SEED
+from agentrl.train import MAX_SEED, out_dir_problem
 
 SPLITS = ('heldout', 'train', 'all')
 
@@ -37,7 +38,8 @@ def build_parser():
     parser.add_argument('run', metavar='RUN', help='a run folder (with policy.pt) or a policy file')
     parser.add_argument('--split', default='heldout', choices=SPLITS)
     parser.add_argument('--samples', type=int, default=8, help='episodes per task (default 8)')
-    parser.add_argument('--seed', type=int, default=0, help='seed of the sampling generator')
+    parser.add_argument('--seed', type=int, default=None,
+                        help="seed of the sampling generator (default: the run's seed)")
     parser.add_argument('--temperature', type=float, default=None,
                         help="sampling temperature (default: the run's)")
     parser.add_argument('--json', default=None, metavar='FILE',
@@ -61,7 +63,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.samples < 1:
         parser.error(f'--samples must be at least 1, got {args.samples}')
-    if not 0 <= args.seed <= MAX_SEED:
+    if args.seed is not None and not 0 <= args.seed <= MAX_SEED:
         parser.error(f'--seed must be in [0, {MAX_SEED}], got {args.seed}')
     if args.temperature is not None and not (math.isfinite(args.temperature)
                                              and args.temperature > 0):
@@ -70,6 +72,12 @@ def parse_args(argv=None):
         args.policy = policy_path(args.run)
     except ValueError as error:
         parser.error(str(error))
+    if args.json is not None:
+        target = Path(args.json)
+        problem = ('is a directory' if target.is_dir() else out_dir_problem(target.parent)
+                   if not target.parent.is_dir() else None)
+        if problem:
+            parser.error(f'--json {args.json!r}: {problem}')
     return args
 
 
@@ -102,12 +110,16 @@ def clustered_means(rows, per_task):
 
 def main(argv=None):
     args = parse_args(argv)
-    model, tok, cfg = policies.load_policy(args.policy)
+    try:
+        model, tok, cfg = policies.load_policy(args.policy)
+    except ValueError as error:
+        build_parser().error(str(error))
     cfg = cfg or arl.RLConfig()
+    args.seed = cfg.seed if args.seed is None else args.seed
     tasks = arl.make_tasks(args.split)
     result = evaluate_policy(model, tok, cfg, tasks, args.samples, args.seed, args.temperature)
     print(f'{args.policy}: {args.split} split, {result["n_tasks"]} tasks x {args.samples} '
-          f'episodes, seed {args.seed}')
+          f'episode{"s" if args.samples > 1 else ""}, seed {args.seed}')
     print(f"{'statistic':>17} {'mean':>8} {'s.e.':>7}")
     for key, value in result.items():
         if isinstance(value, tuple):

@@ -391,7 +391,8 @@ def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_e
     ref_model is the KL reference (None with cfg.kl_coef: a frozen copy of model);
     objective gives the advantages and the loss; callback(record) runs after each
     step; state, a dict, holds what a run carries from step to step (generator,
-    optimizer, history, reference): pass the same dict back to go on where it stopped.
+    optimizer, history, reference): pass the same dict back to go on where it stopped
+    (`steps` counts from the run's start, so a state holding 2 steps runs steps - 2).
     """
     if eval_every < 1:
         raise ValueError(f'eval_every must be at least 1, got {eval_every!r}')

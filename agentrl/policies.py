@@ -64,7 +64,9 @@ def load_policy(path, reward=None):
     except FileNotFoundError:
         raise
     except Exception as error:
-        raise ValueError(f'{str(path)!r} is not a policy file: {error}') from None
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else 'empty or cut short'
+        raise ValueError(f'{str(path)!r} is not a policy file (torch.load: '
+                         f'{type(error).__name__}: {reason[:120]})') from None
     if not isinstance(record, dict) or record.get('format') != FORMAT:
         raise ValueError(f'{str(path)!r} is not a policy file of format {FORMAT!r}')
     model = arl.TinyAgent(**record['spec'])

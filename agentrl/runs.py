@@ -127,25 +127,53 @@ class FolderInUse(RuntimeError):
     """Another process holds the lock of a run or sweep folder."""
 
 
+def lock_path(out):
+    """The lock file beside the run folder `out` (the folder itself is replaced whole)."""
+    out = Path(out)
+    return out.with_name(f'.{out.name}.lock')
+
+
 @contextlib.contextmanager
 def locked(folder):
     """Hold folder/.lock (created with folder) for the block; FolderInUse if another process
     holds it. The lock is the kernel's (flock): it ends with its process, even on SIGKILL."""
-    import fcntl
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+    with locked_file(folder / '.lock', folder):
+        yield folder
+
+
+@contextlib.contextmanager
+def locked_file(path, what=None):
+    """Hold the flock of the file `path` (created, and removed at the end) for the block;
+    FolderInUse, naming `what` (default: the folder path locks), if another process holds
+    it. A process killed while holding it leaves the file, unlocked: the next one takes it."""
+    import fcntl
+    path = Path(path)
+    what = what if what is not None else path.with_name(path.name[1:].removesuffix('.lock'))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors='replace').strip() or 'unknown'
-            raise FolderInUse(f'{str(folder)!r} is being written by another process '
+            raise FolderInUse(f'{str(what)!r} is being written by another process '
                               f'(pid {holder}); wait for it to end or choose another '
                               f'folder') from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:                                 # its holder removed it as we opened it
+            raise FolderInUse(f'{str(what)!r} was being written by another process a '
+                              f'moment ago; run again')
         os.ftruncate(fd, 0)
         os.pwrite(fd, f'{os.getpid()}\n'.encode(), 0)
-        yield folder
+        try:
+            yield path
+        finally:
+            path.unlink(missing_ok=True)             # removed while held: no stale lock file
     finally:
         os.close(fd)                                 # closing releases the flock
 
@@ -163,13 +191,14 @@ def run_config(cfg, variant, base, base_seed, steps, eval_every):
                 steps=steps, eval_every=eval_every)
 
 
-def curves_png(history, title, eval_samples):
+def curves_png(history, title, eval_samples, final=None):
     """The run's learning curves as PNG bytes: reward, reads and edits per step
-    (SMOOTHING-step moving average, labelled) and the held-out pass rate where it was
-    measured."""
+    (SMOOTHING-step moving average, labelled), the held-out pass rate where training
+    measured it, and final = (pass rate, episodes per task) of the run's last evaluation."""
     import io
 
     from matplotlib.figure import Figure             # not pyplot: no backend is touched
+    from matplotlib.ticker import MaxNLocator
     from agentrl.grpo import smooth
     fig = Figure(figsize=(12, 3))
     axes = fig.subplots(1, len(CURVES) + 1)
@@ -183,11 +212,16 @@ def curves_png(history, title, eval_samples):
     held = [(h['step'], h['eval_pass']) for h in history if 'eval_pass' in h]
     ax = axes[-1]
     if held:
-        ax.plot(*zip(*held), marker='o', color='C1')
-    ax.set(xlabel='step', ylabel=f'held-out pass ({eval_samples} per task)', ylim=(0, 1))
-    if not held:
-        ax.text(0.5, 0.5, 'not measured during training', ha='center', va='center',
-                transform=ax.transAxes, fontsize=8)
+        ax.plot(*zip(*held), marker='o', color='C1',
+                label=f'during training, {eval_samples} per task')
+    if final is not None:
+        ax.plot([steps[-1]], [final[0]], marker='*', markersize=12, color='C3',
+                linestyle='none', label=f'final, {final[1]} per task')
+    ax.set(xlabel='step', ylabel='held-out pass rate', ylim=(0, 1),
+           xlim=(-0.5, max(steps[-1], 1) + 0.5))
+    ax.legend(fontsize=7)
+    for each in axes:
+        each.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     buffer = io.BytesIO()
@@ -203,7 +237,8 @@ def write_run(folder, model, tok, cfg, history, config, evaluation, title, eval_
         'history.json': to_json(history), 'config.json': to_json(config),
         'eval.json': to_json(evaluation),
         'policy.pt': policies.policy_bytes(model, tok, cfg),
-        'curves.png': curves_png(history, title, eval_samples)})
+        'curves.png': curves_png(history, title, eval_samples,
+                                 (evaluation['pass_rate'], evaluation['n_samples']))})
 
 
 CHECKPOINT_FORMAT = 'agentrl-checkpoint/1'
@@ -233,9 +268,10 @@ def save_checkpoint(path, model, state, config):
     write_atomic(path, buffer.getvalue())
 
 
-def load_checkpoint(path, config):
-    """A checkpoint of the run whose config.json is `config` -> its record; ValueError
-    naming what differs if it is another run's, or if it is not a checkpoint."""
+def load_checkpoint(path, config, ignore=()):
+    """A checkpoint of the run whose config.json is `config` (keys in `ignore` may differ) ->
+    its record; ValueError naming what differs if it is another run's, or if it is not a
+    checkpoint."""
     import torch
     try:
         record = torch.load(path, weights_only=True)
@@ -245,7 +281,7 @@ def load_checkpoint(path, config):
         raise ValueError(f'{str(path)!r} is not a checkpoint of format {CHECKPOINT_FORMAT!r}')
     wanted = _plain(config)
     differ = [k for k in sorted(set(wanted) | set(record['config']))
-              if wanted.get(k) != record['config'].get(k)]
+              if k not in ignore and wanted.get(k) != record['config'].get(k)]
     if differ:
         raise ValueError(f'the checkpoint {str(path)!r} is of another run ('
                          + ', '.join(f"{k}: {record['config'].get(k)!r} there, "

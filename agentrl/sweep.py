@@ -1,4 +1,4 @@
-"""Command line entry point: a sweep of Chapter 9 presets x seeds, resumable, locally or on Ray.
+"""A sweep of Chapter 9 presets x seeds, resumable, locally or on Ray.
 
     python -m agentrl.sweep --out runs/sweep --presets default dapo --seeds 0 1 2 --steps 40
     python -m agentrl.sweep --out runs/sweep ... --ray local       # a local Ray instead of a pool
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import agentrl as arl
 from agentrl import policies, runs
-from agentrl.train import EVAL_SAMPLES, MAX_SEED, check_ranges
+from agentrl.train import EVAL_SAMPLES, MAX_SEED, check_ranges, out_dir_problem
 
 SETTINGS = ('presets', 'seeds', 'steps', 'base_seed')
 RUN_FILES = ('history.json', 'config.json', 'eval.json')     # JSON files a finished run parses
@@ -44,15 +44,18 @@ def build_parser():
     parser.add_argument('--out', required=True, help='the sweep directory (new or to resume)')
     parser.add_argument('--presets', nargs='+', default=['default'], choices=presets,
                         metavar='PRESET', help=f"one or more of {', '.join(presets)}")
-    parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1])
-    parser.add_argument('--steps', type=int, default=40)
-    parser.add_argument('--base-seed', type=int, default=0)
+    parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1],
+                        help='one or more run seeds (default: 0 1)')
+    parser.add_argument('--steps', type=int, default=40, help='training steps per run (default: 40)')
+    parser.add_argument('--base-seed', type=int, default=0,
+                        help='seed of the base agent every run starts from (default: 0)')
     parser.add_argument('--processes', type=int, default=2,
                         help='local worker processes (without --ray; with --ray local, its CPUs)')
     parser.add_argument('--ray', default=None, metavar='ADDRESS',
                         help="run on Ray: 'local', 'auto', 'host:port', 'ray://host:port' "
                              "or '[ipv6]:port'")
-    parser.add_argument('--no-progress', action='store_true')
+    parser.add_argument('--no-progress', action='store_true',
+                        help='no progress bar (there is none when stderr is not a terminal)')
     return parser
 
 
@@ -64,8 +67,11 @@ def parse_args(argv=None):
     if args.steps < 1 or args.processes < 1:
         parser.error(f'--steps and --processes must be at least 1, '
                      f'got {args.steps} and {args.processes}')
-    if len(set(args.seeds)) != len(args.seeds) or len(set(args.presets)) != len(args.presets):
-        parser.error('--seeds and --presets must not repeat a value')
+    for name, values in (('seeds', args.seeds), ('presets', args.presets)):
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            parser.error(f'--{name} must not repeat a value; repeated: '
+                         + ' '.join(map(str, repeated)))
     if not 0 <= args.base_seed <= MAX_SEED:
         parser.error(f'--base-seed must be in [0, {MAX_SEED}], got {args.base_seed}')
     for preset in args.presets:                      # the train command's own checks
@@ -74,8 +80,9 @@ def parse_args(argv=None):
             if problem:
                 parser.error(f'--seeds / --presets: {problem}')
     out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        parser.error(f'--out must be a directory, got the file {args.out!r}')
+    problem = out_dir_problem(out)
+    if problem:
+        parser.error(f'--out {args.out!r}: {problem}')
     old = runs.read_json(out / 'sweep.json')
     if old is not None:
         new = settings(args)
@@ -161,10 +168,19 @@ class LocalPool:
                 torch.set_num_threads(threads)
             return
         context = multiprocessing.get_context('spawn')
-        with context.Pool(min(self.processes, len(jobs)), initializer=torch.set_num_threads,
-                          initargs=(1,)) as pool:
+        with context.Pool(min(self.processes, len(jobs)), initializer=_worker_init) as pool:
             yield from pool.imap_unordered(_indexed_job, [(fn, i, job) for i, job
                                                          in enumerate(jobs)])
+
+
+def _worker_init():
+    """A pool worker: one torch thread; Ctrl-C is the parent's to handle (no traceback per
+    worker)."""
+    import signal
+
+    import torch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
 
 
 def _indexed_job(item):
@@ -229,7 +245,7 @@ def summarize(out, args):
             d = run_dir(out, preset, seed)
             history = runs.read_json(d / 'history.json')
             held = runs.read_json(d / 'eval.json')
-            last = history[-10:]
+            last = history[-min(10, args.steps):]
             rows.append(dict(preset=preset, seed=seed,
                              reward=sum(h['reward'] for h in last) / len(last),
                              reads=sum(h['reads'] for h in last) / len(last),
@@ -251,6 +267,8 @@ def summarize(out, args):
     ax.legend(fontsize=8)
     fig.tight_layout()
     runs.write_atomic(out / 'summary.png', _png(fig))
+    print(f"last {k} steps: mean training reward and reads; held-out: pass rate, "
+          f"{EVAL_SAMPLES} episodes per task")
     print(f"{'preset':>16} {'seed':>4} {'reward':>7} {'reads':>6} {'held-out':>8}")
     for r in rows:
         print(f"{r['preset']:>16} {r['seed']:4d} {r['reward']:7.3f} {r['reads']:6.2f} "
@@ -272,6 +290,12 @@ def main(argv=None):
     except runs.FolderInUse as error:
         print(f'python -m agentrl.sweep: error: --out {args.out}: {error}', file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        finished = sum(is_finished(args.out, args, p, s) for p in args.presets for s in args.seeds)
+        print(f"{chr(10) if sys.stderr.isatty() else ''}interrupted: {finished} of "
+              f"{len(args.presets) * len(args.seeds)} runs are written in {args.out}; run the "
+              f"same command again to go on", file=sys.stderr)
+        return 130
     return 0
 
 

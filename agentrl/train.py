@@ -18,8 +18,11 @@ writes the run folder ``--out``, whole or not at all (``agentrl.runs``: built as
     curves.png     reward, reads and edits per step with their 5-step moving average, and the
                    held-out pass rate at each evaluation
 
-An existing non-empty ``--out`` is refused unless ``--overwrite`` (which replaces it). Ctrl-C
-stops the run with one line and writes nothing. The base agent is cached on disk
+A checkpoint is kept beside the folder (``.<name>.checkpoint.pt``) every ``--checkpoint-every``
+steps until the run is written; ``--resume`` continues an interrupted run from it, with the same
+options (``--steps`` may grow), and ends identical to a run never stopped. An existing non-empty
+``--out`` is refused unless ``--overwrite`` (which replaces a run folder, never other files).
+Ctrl-C stops the run with one line saying what is kept. Two runs cannot write one ``--out``. The base agent is cached on disk
 (``agentrl.policies.base_agent``), so only the first run of a base and seed clones it.
 
 This module is hand-written (not tangled from a chapter).
@@ -202,8 +205,13 @@ def check_ranges(cfg):
     for name, ok, what in _RANGES:
         if not ok(getattr(cfg, name)):
             return f'{name} must be {what}, got {getattr(cfg, name)!r}'
-    if cfg.adv_mode == 'rloo' and cfg.group_size < 2:
-        return f"adv_mode 'rloo' needs group_size of at least 2, got {cfg.group_size}"
+    if cfg.group_size < 2:
+        return (f'group_size must be at least 2, got {cfg.group_size}: a group of one is its '
+                f"own baseline, so every advantage would be 0 (adv_mode {cfg.adv_mode!r})")
+    episodes = cfg.prompts_per_step * cfg.group_size
+    if cfg.minibatches > episodes:
+        return (f'minibatches must be at most the {episodes} episodes of a step '
+                f'(prompts_per_step x group_size), got {cfg.minibatches}')
     limit, max_len = max_turns_limit()
     if cfg.max_turns > limit:
         return (f'max_turns must be in [1, {limit}], got {cfg.max_turns}: an episode of '
@@ -238,21 +246,51 @@ def parse_args(argv=None):
         parser.error(f'invalid configuration: {problem}')
     if args.out is None:
         args.out = str(Path('runs') / f'{args.variant}-seed{cfg.seed}')
+    if not Path(args.out).resolve().name:
+        parser.error(f'--out {args.out!r} must name a folder to create (a root has no name)')
+    args.out = str(Path(args.out).resolve()) if Path(args.out).name in ('', '.', '..') else args.out
     problem = out_dir_problem(Path(args.out))
     if problem:
         parser.error(f'--out {args.out!r}: {problem}')
+    problem = _folder_problem(args, cfg)
+    if problem:
+        parser.error(problem)
+    return args, cfg
+
+
+RUN_MARKERS = ('config.json', 'history.json')        # what makes a folder a run --overwrite may replace
+
+
+def _folder_problem(args, cfg):
+    """Why --out with --overwrite / --resume cannot go ahead, or None."""
     out, checkpoint = Path(args.out), runs.checkpoint_path(args.out)
     if args.resume and args.overwrite:
-        parser.error('--resume continues a run and --overwrite starts it afresh: choose one')
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
-        parser.error(f'--out {args.out!r} already holds files (a finished run?); choose another '
-                     f'folder, or pass --overwrite to replace it')
-    if args.resume and not checkpoint.is_file():
-        parser.error(f'--resume: no checkpoint of --out {args.out!r} at {str(checkpoint)!r}')
-    if checkpoint.is_file() and not (args.resume or args.overwrite):
-        parser.error(f'--out {args.out!r} has the checkpoint of an interrupted run; pass --resume '
-                     f'to continue it or --overwrite to start afresh')
-    return args, cfg
+        return '--resume continues a run and --overwrite starts it afresh: choose one'
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held and args.overwrite and not any((out / name).is_file() for name in RUN_MARKERS):
+        return (f'--out {args.out!r} holds files that are not a run ({", ".join(held[:4])}'
+                f'{", ..." if len(held) > 4 else ""}); --overwrite replaces only a run folder')
+    if args.resume:
+        if not checkpoint.is_file():
+            return f'--resume: no checkpoint of --out {args.out!r} at {str(checkpoint)!r}'
+        try:
+            record = runs.load_checkpoint(checkpoint, runs.run_config(
+                cfg, args.variant, args.base, args.base_seed, args.steps, args.eval_every),
+                ignore=('steps',))
+        except ValueError as error:
+            return f'--resume: {error}; repeat the options of the interrupted run'
+        if len(record['history']) >= args.steps:
+            return (f"--resume: the checkpoint holds {len(record['history'])} steps; --steps "
+                    f"must be more, got {args.steps}")
+        return None                  # the interrupted run replaces --out when it is written
+    if held and not args.overwrite:
+        return (f'--out {args.out!r} already holds files ({", ".join(held[:4])}'
+                f'{", ..." if len(held) > 4 else ""}); choose another folder, or pass '
+                f'--overwrite to replace a run there')
+    if checkpoint.is_file() and not args.overwrite:
+        return (f'--out {args.out!r} has the checkpoint of an interrupted run; pass --resume to '
+                f'continue it or --overwrite to start afresh')
+    return None
 
 
 def out_dir_problem(out):
@@ -324,15 +362,17 @@ def _checkpointing(args, model, state, config, done):
 
 def run(args, cfg, done=None):
     """Train as args and cfg say and write the run folder -> its path; done = [steps
-    finished, step of the last checkpoint] (for the interruption message)."""
+    finished, steps in the last checkpoint, in the final evaluation] (for the message on
+    an interruption)."""
     import torch
-    done = [0, None] if done is None else done
+    done = [0, None, False] if done is None else done
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     train_tasks, heldout_tasks = arl.make_tasks('train'), arl.make_tasks('heldout')
     config = runs.run_config(cfg, args.variant, args.base, args.base_seed, args.steps,
                              args.eval_every)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # checkpoints go there from step 1
     if args.resume:
         model, state = _resumed(args, cfg, config, tok, train_tasks)
     else:
@@ -354,8 +394,8 @@ def run(args, cfg, done=None):
         bar.close()
     held = arl.evaluate(model, heldout_tasks, tok, EVAL_SAMPLES, cfg.temperature,
                         torch.Generator().manual_seed(cfg.seed), cfg)
+    done[2] = True                                           # training over: the evaluation
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     runs.write_run(out, model, tok, cfg, history, config,
                    dict(held, split='heldout', n_tasks=len(heldout_tasks),
                         n_samples=EVAL_SAMPLES, seed=cfg.seed),
@@ -370,15 +410,21 @@ def run(args, cfg, done=None):
 
 def main(argv=None):
     args, cfg = parse_args(argv)
-    if args.overwrite:
-        runs.checkpoint_path(args.out).unlink(missing_ok=True)
-    done = [0, None]
+    done = [0, None, False]
     try:
-        run(args, cfg, done)
+        with runs.locked_file(runs.lock_path(args.out)):
+            if args.overwrite:
+                runs.checkpoint_path(args.out).unlink(missing_ok=True)
+            run(args, cfg, done)
+    except runs.FolderInUse as error:
+        print(f'python -m agentrl.train: error: --out {args.out}: {error}', file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
-        kept = (f'the checkpoint of step {done[1]} is kept: rerun with --resume to go on'
+        where = ' (in the final evaluation)' if done[2] else ''
+        kept = (f'the checkpoint after {done[1]} steps is kept: rerun with --resume to go on'
                 if done[1] else f'nothing written to {args.out}')
-        print(f'\ninterrupted after {done[0]} of {args.steps} steps; {kept}', file=sys.stderr)
+        print(f"{chr(10) if sys.stderr.isatty() else ''}interrupted after {done[0]} of "
+              f'{args.steps} steps{where}; {kept}', file=sys.stderr)
         return 130
     return 0
 

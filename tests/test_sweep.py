@@ -160,3 +160,37 @@ def test_sweep_kills_at_random_moments_then_resumed_end_as_one_uninterrupted(
     assert names == expected
     for name in names:
         assert (out / name).read_bytes() == (finished / name).read_bytes(), name
+
+
+def test_sweep_names_a_repeated_value_and_an_out_under_a_file(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        sweep.parse_args(['--out', str(tmp_path / 's'), '--seeds', '0', '3', '3'])
+    assert 'repeated: 3' in capsys.readouterr().err
+    (tmp_path / 'afile').write_text('')
+    with pytest.raises(SystemExit) as stop:
+        sweep.parse_args(['--out', str(tmp_path / 'afile' / 'x')])
+    assert stop.value.code == 2 and 'is a file' in capsys.readouterr().err
+
+
+def test_ctrl_c_on_a_sweep_is_one_line(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(repo), PYTHONHASHSEED='0')
+    out = tmp_path / 's'
+    process = subprocess.Popen([sys.executable, '-m', 'agentrl.sweep', '--out', str(out),
+                                '--presets', 'default', '--seeds', '0', '1', '--steps', '30',
+                                '--processes', '2'], cwd=repo, env=env, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    assert 'to run' in process.stdout.readline()
+    time.sleep(4)
+    os.killpg(process.pid, signal.SIGINT)                 # Ctrl-C reaches the whole group
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 130, stderr
+    assert 'Traceback' not in stderr
+    assert stderr.strip().splitlines() == [
+        f'interrupted: 0 of 2 runs are written in {out}; run the same command again to go on']

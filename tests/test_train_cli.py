@@ -312,3 +312,63 @@ def test_out_that_cannot_be_written_is_refused_before_any_work(tmp_path, capsys)
         assert words in err and str(out) in err, err
     args, _ = train.parse_args(['--out', str(tmp_path / 'new' / 'run')])   # made later, whole
     assert args.out == str(tmp_path / 'new' / 'run') and not (tmp_path / 'new').exists()
+
+
+def test_overwrite_replaces_only_a_run_folder(tmp_path, capsys):
+    precious = tmp_path / 'precious'
+    precious.mkdir()
+    (precious / 'notes.txt').write_text('mine')
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(['--out', str(precious), '--overwrite'])
+    assert stop.value.code == 2
+    assert 'holds files that are not a run (notes.txt)' in capsys.readouterr().err
+
+
+def test_resume_with_other_options_exits_2_naming_them_and_may_extend_steps(tmp_path, capsys):
+    from agentrl import runs
+    out = tmp_path / 'run'
+    args, cfg = train.parse_args([*SMALL, '--out', str(out)])
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    state = {}
+    arl.train_rl(model, arl.make_tasks('train'), tok, cfg, 0, state=state)
+    state['history'].extend([{'step': 0}, {'step': 1}])
+    runs.save_checkpoint(runs.checkpoint_path(out), model, state,
+                         runs.run_config(cfg, 'default', 'rl', 0, 6, 2))
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args([*SMALL, '--out', str(out), '--resume', '--lr', '0.002'])
+    assert stop.value.code == 2
+    assert 'lr: 0.001 there, 0.002 asked' in capsys.readouterr().err
+    args, _ = train.parse_args([*SMALL[2:], '--steps', '9', '--out', str(out), '--resume'])
+    assert args.steps == 9                                        # a longer run: allowed
+    with pytest.raises(SystemExit):
+        train.parse_args([*SMALL[2:], '--steps', '2', '--out', str(out), '--resume'])
+    assert 'the checkpoint holds 2 steps' in capsys.readouterr().err
+    (out).mkdir()                                                 # an older run, being overwritten
+    (out / 'config.json').write_text('{}')
+    assert train.parse_args([*SMALL, '--out', str(out), '--resume'])[0].resume
+
+
+def test_checkpoints_go_to_a_parent_that_did_not_exist(tmp_path):
+    out = tmp_path / 'new' / 'deeper' / 'run'
+    result = run_cli('--steps', '2', '--group-size', '2', '--prompts-per-step', '2',
+                     '--eval-every', '0', '--threads', '1', '--checkpoint-every', '1',
+                     '--out', str(out))
+    assert result.returncode == 0, result.stderr
+    assert (out / 'policy.pt').is_file() and not list(out.parent.glob('.*'))
+
+
+def test_two_trains_cannot_write_one_folder(tmp_path, capsys):
+    from agentrl import runs
+    out = tmp_path / 'run'
+    with runs.locked_file(runs.lock_path(out)):
+        assert train.main(['--steps', '1', '--out', str(out)]) == 2
+    assert 'is being written by another process' in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('out', ['/', ''])
+def test_an_out_without_a_name_is_a_clean_error(out, capsys):
+    with pytest.raises(SystemExit) as stop:
+        train.parse_args(['--out', out])
+    assert stop.value.code == 2 and '--out' in capsys.readouterr().err
