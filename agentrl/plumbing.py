@@ -13,8 +13,8 @@ import tempfile
 import warnings
 
 ADDRESS_FORMS = "'host:port', '[ipv6]:port', 'ray://host:port', 'auto' or None"
-AUTH_FIX = ("the cluster uses token authentication (what `ray start` sets up in Ray "
-            "2.60): run with RAY_AUTH_MODE=token and the cluster's token in "
+AUTH_FIX = ("the cluster uses token authentication (Ray 2.60's `ray start` turns it on when "
+            "a token exists or RAY_AUTH_MODE=token): run with RAY_AUTH_MODE=token and the cluster's token in "
             "~/.ray/auth_token, in the file RAY_AUTH_TOKEN_PATH names, or in RAY_AUTH_TOKEN "
             "(`ray get-auth-token` on the head node prints it)")
 
@@ -101,9 +101,9 @@ def _free_port():
 
 @contextlib.contextmanager
 def local_cluster(nodes=2, cpus_per_node=1, timeout=120):
-    """A Ray cluster of `nodes` nodes on this machine, each started with `ray start` (the
-    head with token authentication, Ray 2.60's default) -> its 'host:port'. `ray stop`
-    at the end stops every Ray process of this machine."""
+    """A Ray cluster of `nodes` nodes on this machine, each started with `ray start` and
+    token authentication on (RAY_AUTH_MODE=token) -> its 'host:port'. `ray stop` at the
+    end stops every Ray process of this machine."""
     import subprocess
     address = f'127.0.0.1:{_free_port()}'
     env = dict(os.environ, RAY_AUTH_MODE='token', RAY_USAGE_STATS_ENABLED='0')
@@ -119,3 +119,17 @@ def local_cluster(nodes=2, cpus_per_node=1, timeout=120):
         yield address
     finally:
         subprocess.run(['ray', 'stop', '--force'], capture_output=True, timeout=timeout)
+
+
+def quiet_transformers():
+    """Set up transformers, datasets and TRL for a notebook: offline (everything is built
+    locally), errors only, no progress bars, and no FutureWarning about renamed options TRL
+    still passes -> the trl module."""
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
+    import datasets
+    import transformers
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    warnings.simplefilter('ignore', FutureWarning)
+    import trl
+    return trl

@@ -42,14 +42,10 @@ import collections
 import contextlib
 import copy
 import functools
-import logging
 import os
 import random
-import socket
 import statistics
-import sys
 import time
-import warnings
 import zlib
 
 import torch
@@ -654,7 +650,8 @@ def to_verl(cfg):
     missing['seed'] = ('data.seed and actor.data_loader_seed carry the shuffling; '
                        'verl 0.8 has no seed for the rollout engine\'s sampling')
     missing['clip_low'] = ('verl also caps the loss of negative-advantage tokens at '
-                           'ratio actor.clip_ratio_c (3.0, dual-clip PPO); ours does not')
+                           'ratio actor.clip_ratio_c (3.0, dual-clip PPO); ours does '
+                           'not')
     if cfg.loss_mode != 'token_mean' and (cfg.kl_coef or cfg.entropy_coef):
         missing['loss_mode'] = ('verl aggregates the KL and entropy terms by '
                                 'loss_agg_mode too; ours takes their token mean')
@@ -662,11 +659,9 @@ def to_verl(cfg):
         missing['adv_mode'] = 'verl ' + GROUP_STD.format(eps='1e-6')
     if cfg.dynamic_sampling:
         missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
-            'main_ppo has no group filter in verl 0.8; the DAPO recipe\'s entry point '
-            '(recipe/dapo/main_dapo.py) reads +algorithm.filter_groups.enable, '
-            '.metric (the score to compare), .max_num_gen_batches and '
-            '+data.gen_batch_size, and raises when that cap is reached where ours '
-            'trains on the partial batch')
+            'main_ppo has no group filter in verl 0.8: its config defines '
+            'algorithm.filter_groups (enable, metric, max_num_gen_batches), but only '
+            'the DAPO recipe, a separate repository we have not read, uses it')
     if cfg.prompts_per_step % cfg.minibatches:
         missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
                                   f'{cfg.minibatches} minibatches of whole groups')

@@ -11,7 +11,7 @@ as ``agentrl.train`` writes a run, with the same writer and schema (``agentrl.ru
 ``history.json``, ``config.json`` (``variant`` is the preset; ``eval_every`` 0: no held-out score
 during training), ``eval.json`` (held-out, 8 episodes per task), ``policy.pt`` and ``curves.png``. Every run starts at once (up to ``--processes`` locally; on Ray, as many as
 the cluster has CPUs), trains on one torch thread wherever it runs (so its numbers do not depend
-on where it ran), and each is written the moment it finishes, durably and whole
+on how many CPUs ran it), and each is written the moment it finishes, durably and whole
 (``agentrl.runs``): an interrupted sweep resumes by running the same command again, keeping every
 finished run. A run folder counts as finished only if its files parse and its ``config.json``
 names this sweep's run. ``<out>/sweep.json`` records the sweep's settings and a folder holding

@@ -1,6 +1,6 @@
-"""A real Ray cluster of two nodes, both started with `ray start` on this machine (so with Ray
-2.60's token authentication): the sweep command refuses it cleanly without the token and
-before writing anything, and with the token its runs equal an in-process sweep's file for
+"""A real Ray cluster of two nodes, both started with `ray start` on this machine, token
+authentication on (RAY_AUTH_MODE=token): the sweep command refuses it cleanly without the token
+and before writing anything, and with the token its runs equal an in-process sweep's file for
 file. Run in the xdist group of the other Ray tests: `ray stop` ends every Ray process here."""
 import os
 import subprocess
@@ -15,7 +15,7 @@ from agentrl import plumbing, sweep  # noqa: E402
 pytestmark = pytest.mark.xdist_group('ray')
 REPO = Path(__file__).resolve().parents[1]
 ARGS = ['--presets', 'default', '--seeds', '0', '1', '2', '--steps', '1', '--no-progress']
-RUN_FILES = ('history.json', 'config.json', 'eval.json')
+RUN_FILES = ('history.json', 'config.json', 'eval.json', 'policy.pt', 'curves.png')
 
 
 def cli(out, *extra, auth=True):

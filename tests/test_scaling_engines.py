@@ -66,6 +66,19 @@ def _die_once(marker):
     return 'retried'
 
 
+def _raise_once(marker):
+    """Raise the first time; answer if (wrongly) run again."""
+    if not os.path.exists(marker):
+        open(marker, 'w').close()
+        raise ValueError('a bug in the job')
+    return 'retried'
+
+
+def test_a_job_that_raises_is_not_retried(local_ray, tmp_path):
+    with pytest.raises(RuntimeError, match=r'jobs \[0\] of 1 failed on Ray'):
+        local_ray(_raise_once, [(str(tmp_path / 'marker'),)])
+
+
 def test_a_lost_worker_is_retried(local_ray, tmp_path):
     assert local_ray(_die_once, [(str(tmp_path / 'marker'),)]) == ['retried']
 
