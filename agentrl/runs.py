@@ -195,8 +195,6 @@ def curves_png(history, title, eval_samples, final=None):
     """The run's learning curves as PNG bytes: reward, reads and edits per step
     (SMOOTHING-step moving average, labelled), the held-out pass rate where training
     measured it, and final = (pass rate, episodes per task) of the run's last evaluation."""
-    import io
-
     from matplotlib.figure import Figure             # not pyplot: no backend is touched
     from matplotlib.ticker import MaxNLocator
     from agentrl.grpo import smooth
@@ -224,6 +222,12 @@ def curves_png(history, title, eval_samples, final=None):
         each.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
+    return figure_png(fig)
+
+
+def figure_png(fig):
+    """A matplotlib figure as PNG bytes (100 dpi), for write_atomic or publish_dir."""
+    import io
     buffer = io.BytesIO()
     fig.savefig(buffer, format='png', dpi=100)
     return buffer.getvalue()

@@ -266,7 +266,7 @@ def summarize(out, args):
     ax.set_ylabel(f'training reward ({runs.SMOOTHING}-step moving average)')
     ax.legend(fontsize=8)
     fig.tight_layout()
-    runs.write_atomic(out / 'summary.png', _png(fig))
+    runs.write_atomic(out / 'summary.png', runs.figure_png(fig))
     print(f"last {k} steps: mean training reward and reads; held-out: pass rate, "
           f"{EVAL_SAMPLES} episodes per task")
     print(f"{'preset':>16} {'seed':>4} {'reward':>7} {'reads':>6} {'held-out':>8}")
@@ -274,13 +274,6 @@ def summarize(out, args):
         print(f"{r['preset']:>16} {r['seed']:4d} {r['reward']:7.3f} {r['reads']:6.2f} "
               f"{r['heldout_pass']:8.3f}")
     return rows
-
-
-def _png(fig):
-    import io
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format='png', dpi=100)
-    return buffer.getvalue()
 
 
 def main(argv=None):
