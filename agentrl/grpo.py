@@ -257,6 +257,10 @@ class Objective:
     """What train_rl optimizes on a batch: advantages, then a loss. This chapter's
     group advantages and clipped surrogate; later chapters subclass it."""
 
+    def prepare(self, model, batch, cfg):
+        """Add to batch what the loss needs from model before the update (nothing
+        here)."""
+
     def advantages(self, batch, episodes, cfg):
         """Advantages of the collated episodes: one per episode [B], or one per token
         [B, T-1]."""
@@ -438,6 +442,7 @@ def _learn_from(episodes, model, optimizer, tok, cfg, ref_model, generator, obje
         with torch.no_grad():
             batch['ref_logp'], _ = token_log_probs(ref_model, batch['ids'],
                                                    batch['lengths'], cfg.temperature)
+    objective.prepare(model, batch, cfg)
     return rl_update(model, optimizer, batch,
                      objective.advantages(batch, episodes, cfg), cfg, generator,
                      objective)
@@ -449,8 +454,8 @@ def format_log_line(record):
              f"reads {record['reads']:.2f}", f"edits {record['edits']:.2f}",
              f"entropy {record.get('entropy', 0.0):.3f}"]
     if 'eval_pass' in record:
-        parts.append(f"held-out {record['eval_pass']:.3f}")
-    return ' | '.join(parts)
+        parts.append(f"held-out ({EVAL_SAMPLES}/task) {record['eval_pass']:.3f}")
+    return '  '.join(parts)
 
 
 def evaluate(model, tasks, tok, n_samples=1, temperature=1.0, generator=None, cfg=None,
@@ -509,12 +514,14 @@ def make_rl_base(tok, seed=0):
     return arl.make_base_agent(tok, seed, kinds=RL_BASE_KINDS)
 
 
-def train_copy(model, tasks, tok, fields, steps, env_factory=None, objective=None):
+def train_copy(model, tasks, tok, fields, steps, env_factory=None, objective=None,
+               options=None):
     """Train a copy of model with RLConfig(**fields) for `steps` steps -> (trained copy,
-    history); objective None = Objective()."""
+    history); objective None = Objective(); options: more train_rl keywords."""
     model = copy.deepcopy(model)
     history = train_rl(model, tasks, tok, RLConfig(**fields), steps,
-                       env_factory=env_factory, objective=objective or Objective())
+                       env_factory=env_factory, objective=objective or Objective(),
+                       **(options or {}))
     return model, history
 
 
@@ -530,26 +537,33 @@ def _reaches_workers(value):
 
 
 def train_many(model, tasks, tok, configs, steps, processes=2, env_factories=None,
-               objectives=None, executor=None):
+               objectives=None, executor=None, options=None):
     """A train_rl run of `steps` steps from a copy of model per config, in worker
     processes -> [(model, history)]; env_factories and objectives: one per config,
     None = make_env and Objective(); executor(train_copy, jobs) -> results in order
-    runs the jobs elsewhere (None: a local pool of `processes`)."""
+    runs the jobs elsewhere (None: a local pool of `processes`); options: train_rl
+    keywords every run takes (eval_tasks, eval_every, callback)."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
+    unknown = sorted(set(options or {}) - {'eval_tasks', 'eval_every', 'callback'})
+    if unknown:
+        raise ValueError(f'options {unknown} are not for train_many; accepted: '
+                         f"eval_tasks, eval_every, callback")
     factories = list(env_factories or [None] * len(configs))
     objectives = list(objectives or [None] * len(configs))
     for name, values in (('env factory', factories), ('objective', objectives)):
         if len(values) != len(configs):
             raise ValueError(f'need one {name} per config: {len(values)} for '
                              f'{len(configs)} configs')
-    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps, factory, objective)
+    jobs = [(model, tasks, tok, dataclasses.asdict(cfg), steps, factory, objective,
+             options)
             for cfg, factory, objective in zip(configs, factories, objectives)]
     if executor is None and (processes == 1 or len(jobs) == 1):
         return [train_copy(*job) for job in jobs]
     for what, value in [(name, v) for cfg, f, o in zip(configs, factories, objectives)
                         for name, v in (('reward', cfg.reward), ('env factory', f),
-                                        ('objective', o))]:
+                                        ('objective', o),
+                                        ('callback', (options or {}).get('callback')))]:
         if not _reaches_workers(value):
             raise ValueError(f'{what} {value!r} cannot reach a worker process; use a '
                              f'module-level function, or processes=1')

@@ -27,6 +27,12 @@ def policy_spec(model):
     """The TinyAgent constructor arguments that rebuild model's shape -> dict."""
     if type(model) is not arl.TinyAgent:
         raise TypeError(f'save_policy keeps a TinyAgent, got {type(model).__name__}')
+    return agent_shape(model)
+
+
+def agent_shape(model):
+    """The TinyAgent constructor arguments of model's shape (a TinyAgent or a subclass)
+    -> dict."""
     block = model.blocks[0]
     return dict(vocab_size=model.embed.num_embeddings, d_model=model.embed.embedding_dim,
                 n_layers=len(model.blocks), n_heads=block.n_heads,

@@ -8,8 +8,11 @@
 Every run trains the RL base agent (``make_rl_base``) with ``RLConfig(**VARIANTS[preset], seed=s)``
 (``default``: ``RLConfig(seed=s)``) through ``train_many``, and writes ``<out>/<preset>-seed<s>/``
 as ``agentrl.train`` writes a run, with the same writer and schema (``agentrl.runs.write_run``):
-``history.json``, ``config.json`` (``variant`` is the preset; ``eval_every`` 0: no held-out score
-during training), ``eval.json`` (held-out, 8 episodes per task), ``policy.pt`` and ``curves.png``. Every run starts at once (up to ``--processes`` locally; on Ray, as many as
+``history.json`` (with the held-out pass rate every ``--eval-every`` steps and at the last, 4
+episodes per task, as ``agentrl.train`` scores it), ``config.json`` (``variant`` is the preset),
+``eval.json`` (held-out, 8 episodes per task), ``policy.pt`` and ``curves.png``. The progress bar
+counts training steps of all runs (on Ray, a run's steps when it finishes). Every run starts at
+once (up to ``--processes`` locally; on Ray, as many as
 the cluster has CPUs), trains on one torch thread wherever it runs (so its numbers do not depend
 on how many CPUs ran it), and each is written the moment it finishes, durably and whole
 (``agentrl.runs``): an interrupted sweep resumes by running the same command again, keeping every
@@ -25,15 +28,18 @@ in its header, and the held-out pass rate) and ``<out>/summary.png`` (training r
 This module is hand-written (not tangled from a chapter); chapter 14 demonstrates it.
 """
 import argparse
+import contextlib
+import functools
 import multiprocessing
 import sys
+import threading
 from pathlib import Path
 
 import agentrl as arl
 from agentrl import policies, runs
 from agentrl.train import EVAL_SAMPLES, MAX_SEED, check_ranges, out_dir_problem
 
-SETTINGS = ('presets', 'seeds', 'steps', 'base_seed')
+SETTINGS = ('presets', 'seeds', 'steps', 'base_seed', 'eval_every')
 RUN_FILES = ('history.json', 'config.json', 'eval.json')     # JSON files a finished run parses
 
 
@@ -47,6 +53,9 @@ def build_parser():
     parser.add_argument('--seeds', nargs='+', type=int, default=[0, 1],
                         help='one or more run seeds (default: 0 1)')
     parser.add_argument('--steps', type=int, default=40, help='training steps per run (default: 40)')
+    parser.add_argument('--eval-every', type=int, default=20,
+                        help='held-out pass rate every N steps and at the last, in each '
+                             'history (0: only the final evaluation; default: 20)')
     parser.add_argument('--base-seed', type=int, default=0,
                         help='seed of the base agent every run starts from (default: 0)')
     parser.add_argument('--processes', type=int, default=2,
@@ -67,6 +76,8 @@ def parse_args(argv=None):
     if args.steps < 1 or args.processes < 1:
         parser.error(f'--steps and --processes must be at least 1, '
                      f'got {args.steps} and {args.processes}')
+    if args.eval_every < 0:
+        parser.error(f'--eval-every must be 0 or more, got {args.eval_every}')
     for name, values in (('seeds', args.seeds), ('presets', args.presets)):
         repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
         if repeated:
@@ -105,7 +116,7 @@ def parse_args(argv=None):
 
 def settings(args):
     return dict(presets=list(args.presets), seeds=list(args.seeds), steps=args.steps,
-                base_seed=args.base_seed)
+                base_seed=args.base_seed, eval_every=args.eval_every)
 
 
 def config_for(preset, seed):
@@ -118,7 +129,8 @@ def run_dir(out, preset, seed):
 
 def identity(args, preset, seed):
     """What a run's config.json must hold to belong to this sweep."""
-    return dict(variant=preset, seed=seed, steps=args.steps, base_seed=args.base_seed)
+    return dict(variant=preset, seed=seed, steps=args.steps, base_seed=args.base_seed,
+                eval_every=args.eval_every)
 
 
 def is_finished(out, args, preset, seed):
@@ -132,7 +144,8 @@ def write_run(out, args, preset, seed, model, history):
     held = arl.evaluate(model, heldout, tok_cache(), EVAL_SAMPLES, cfg.temperature,
                         torch.Generator().manual_seed(seed), cfg)
     runs.write_run(run_dir(out, preset, seed), model, tok_cache(), cfg, history,
-                   runs.run_config(cfg, preset, 'rl', args.base_seed, args.steps, 0),
+                   runs.run_config(cfg, preset, 'rl', args.base_seed, args.steps,
+                                   args.eval_every),
                    dict(held, split='heldout', n_tasks=len(heldout), n_samples=EVAL_SAMPLES,
                         seed=seed),
                    f'{preset} seed {seed}', arl.EVAL_SAMPLES)
@@ -168,25 +181,71 @@ class LocalPool:
                 torch.set_num_threads(threads)
             return
         context = multiprocessing.get_context('spawn')
-        with context.Pool(min(self.processes, len(jobs)), initializer=_worker_init) as pool:
+        with context.Pool(min(self.processes, len(jobs)), initializer=_worker_init,
+                          initargs=(_STEPS[0],)) as pool:
             yield from pool.imap_unordered(_indexed_job, [(fn, i, job) for i, job
                                                          in enumerate(jobs)])
 
 
-def _worker_init():
+def _worker_init(steps=None):
     """A pool worker: one torch thread; Ctrl-C is the parent's to handle (no traceback per
-    worker)."""
+    worker); steps: the queue report_step puts on (None: none)."""
     import signal
 
     import torch
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+    _STEPS[0] = steps
 
 
 def _indexed_job(item):
     """(index, fn(*job)) for item = (fn, index, job): a pool job that says which run it was."""
     fn, index, job = item
     return index, fn(*job)
+
+
+def train_options(args, count_steps):
+    """train_many's options for every run: the periodic held-out score and, if
+    count_steps, a callback that reports each step to the sweep's progress bar."""
+    options = {}
+    if args.eval_every:
+        options.update(eval_tasks=arl.make_tasks('heldout'), eval_every=args.eval_every)
+    if count_steps:
+        options['callback'] = report_step
+    return options
+
+
+# where report_step puts its steps: set in this process and, by LocalPool, in its workers
+_STEPS = [None]
+
+
+def report_step(record):
+    """A train_rl callback: tell the sweep's progress bar that one more step is done."""
+    if _STEPS[0] is not None:
+        _STEPS[0].put(1)
+
+
+class StepCounter:
+    """A queue that report_step fills, in this process and LocalPool's workers, and a
+    thread that advances bar by it; a context manager."""
+
+    def __init__(self, bar):
+        self.bar, self.queue = bar, multiprocessing.get_context('spawn').Queue()
+        self.thread = threading.Thread(target=self._follow, daemon=True)
+
+    def _follow(self):
+        for item in iter(self.queue.get, None):
+            self.bar.update(item)
+
+    def __enter__(self):
+        _STEPS[0] = self.queue
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        _STEPS[0] = None
+        self.queue.put(None)
+        self.thread.join(timeout=5)
 
 
 class Writing:
@@ -216,25 +275,31 @@ def run(args):
         done = len(args.presets) * len(args.seeds) - len(todo)
         print(f'{done} run(s) already finished in {out}, {len(todo)} to run', flush=True)
         if todo:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=len(todo), desc='sweep', unit='run', file=sys.stderr,
-                       disable=args.no_progress or not sys.stderr.isatty())
-
-            def on_result(index, result):
-                preset, seed = todo[index]
-                write_run(out, args, preset, seed, *result)
-                bar.update(1)
-
-            base = policies.base_agent(tok_cache(), args.base_seed,
-                                       say=lambda line: print(line, flush=True))
-            inner = getattr(args, 'executor', None) or LocalPool(args.processes)
-            try:
-                arl.train_many(base, arl.make_tasks('train'), tok_cache(),
-                               [config_for(p, s) for p, s in todo], args.steps,
-                               processes=args.processes, executor=Writing(inner, on_result))
-            finally:
-                bar.close()
+            train_todo(args, out, todo)
         return summarize(out, args)
+
+
+def train_todo(args, out, todo):
+    """Train the runs todo = [(preset, seed)] from the base agent, each written as it ends,
+    with a progress bar of their steps."""
+    from tqdm.auto import tqdm
+    inner = getattr(args, 'executor', None) or LocalPool(args.processes)
+    local = isinstance(inner, LocalPool)          # on Ray a run's steps count when it ends
+
+    def on_result(index, result):
+        write_run(out, args, *todo[index], *result)
+        if not local:
+            bar.update(args.steps)
+
+    base = policies.base_agent(tok_cache(), args.base_seed,
+                               say=lambda line: print(line, flush=True))
+    with tqdm(total=len(todo) * args.steps, desc='sweep', unit='step', file=sys.stderr,
+              disable=args.no_progress or not sys.stderr.isatty()) as bar:
+        with StepCounter(bar) if local else contextlib.nullcontext():
+            arl.train_many(base, arl.make_tasks('train'), tok_cache(),
+                           [config_for(p, s) for p, s in todo], args.steps,
+                           processes=args.processes, executor=Writing(inner, on_result),
+                           options=train_options(args, count_steps=local))
 
 
 def summarize(out, args):

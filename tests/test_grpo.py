@@ -887,6 +887,58 @@ def test_train_many_takes_one_env_factory_per_config(tok):
         arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, env_factories=[lambda: arl.BugFixEnv(), None])
 
 
+def _count_step(box, record):
+    box.append(record['step'])
+
+
+def test_train_many_options_reach_every_run(tok):
+    """options are train_rl keywords for every run: held-out scores in each history, in workers
+    exactly as in this process; the callback sees every step; unknown keywords refused."""
+    configs = [small_cfg(seed=0), small_cfg(seed=1)]
+    options = dict(eval_tasks=TRAIN[:2], eval_every=2)
+    serial = arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=3, processes=1, options=options)
+    parallel = arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=3, processes=2, options=options)
+    assert [h for _, h in parallel] == [h for _, h in serial]
+    assert all(['eval_pass' in r for r in h] == [True, False, True] for _, h in serial)
+    assert serial[1][1] == _train(tok, seed=1, eval_tasks=TRAIN[:2], eval_every=2)
+    box = []
+    arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=2, processes=1,
+                   options=dict(callback=functools.partial(_count_step, box)))
+    assert box == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match=r"options \['log_every'\] are not for train_many; accepted"):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, options=dict(log_every=1))
+    with pytest.raises(ValueError, match=r'callback .*<lambda>.* cannot reach a worker process'):
+        arl.train_many(tiny_agent(tok), TRAIN, tok, configs, steps=1, options=dict(callback=lambda r: None))
+
+
+class _Preparing(arl.Objective):
+    """Records what prepare saw: the batch's size and the weights before the update."""
+
+    def __init__(self):
+        self.seen = []
+
+    def prepare(self, model, batch, cfg):
+        self.seen.append((len(batch['ids']), [p.detach().clone() for p in model.parameters()]))
+        batch['extra'] = torch.ones(len(batch['ids']))
+
+    def loss(self, logp, batch, rows, advantages, cfg):
+        assert 'extra' in batch                      # what prepare added reaches the loss
+        return super().loss(logp, batch, rows, advantages, cfg)
+
+
+def test_objective_prepare_runs_once_per_batch_before_the_update(tok):
+    model, objective = tiny_agent(tok), _Preparing()
+    start = [p.detach().clone() for p in model.parameters()]
+    snapshots = []
+    history = arl.train_rl(model, TRAIN, tok, small_cfg(), 2, objective=objective,
+                           callback=lambda r: snapshots.append([p.detach().clone() for p in model.parameters()]))
+    assert [n for n, _ in objective.seen] == [h['n_episodes'] for h in history]
+    # step 0 sees the starting weights, step 1 the weights after step 0's update
+    assert all(torch.equal(a, b) for a, b in zip(objective.seen[0][1], start))
+    assert all(torch.equal(a, b) for a, b in zip(objective.seen[1][1], snapshots[0]))
+    assert arl.Objective().prepare(model, {}, small_cfg()) is None
+
+
 def test_train_rl_reproducible_and_history_keys(tok):
     a = _train(tok, eval_tasks=TRAIN[:2], eval_every=10)
     b = _train(tok, eval_tasks=TRAIN[:2], eval_every=10)
@@ -930,9 +982,12 @@ def test_train_rl_rejects_eval_every_below_one(tok, eval_every):
 
 def test_format_log_line():
     record = dict(step=3, reward=0.5, reads=1.25, edits=1.0, entropy=0.75)
-    assert arl.format_log_line(record) == 'step   3 | reward 0.500 | reads 1.25 | edits 1.00 | entropy 0.750'
+    assert arl.format_log_line(record) == 'step   3  reward 0.500  reads 1.25  edits 1.00  entropy 0.750'
     record['eval_pass'] = 0.125
-    assert arl.format_log_line(record).endswith(' | held-out 0.125')
+    # the held-out score names its sample count
+    assert arl.format_log_line(record).endswith(f'  held-out ({arl.EVAL_SAMPLES}/task) 0.125')
+    record.update(step=999, reward=-10.0)
+    assert len(arl.format_log_line(record)) <= 88
     assert 'entropy 0.000' in arl.format_log_line(dict(step=0, reward=0.0, reads=0.0, edits=0.0))
 
 

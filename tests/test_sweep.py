@@ -31,6 +31,46 @@ def test_sweep_writes_runs_and_summary_and_resumes(tmp_path, capsys):
     assert not (out / '.default-seed1.partial').exists()
 
 
+class CountingBar:
+    """Stands in for tqdm: records its total and every update."""
+    made = []
+
+    def __init__(self, total, **kwargs):
+        self.total, self.n = total, 0
+        CountingBar.made.append(self)
+
+    def update(self, n=1):
+        self.n += n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.parametrize('processes', ['1', '2'])
+def test_sweep_scores_held_out_periodically_and_counts_steps(tmp_path, monkeypatch, processes):
+    """Each run's history holds the held-out pass rate every --eval-every steps and at the last,
+    as the train command's does; the progress bar advances once per training step of every run,
+    in this process and from worker processes."""
+    import tqdm.auto
+    monkeypatch.setattr(tqdm.auto, 'tqdm', CountingBar)
+    CountingBar.made.clear()
+    out = tmp_path / 'sweep'
+    argv = ['--out', str(out), '--seeds', '0', '1', '--steps', '3', '--eval-every', '2',
+            '--processes', processes]
+    assert sweep.main(argv) == 0
+    (bar,) = CountingBar.made
+    assert (bar.total, bar.n) == (6, 6)
+    for seed in (0, 1):
+        history = json.loads((out / f'default-seed{seed}' / 'history.json').read_text())
+        assert ['eval_pass' in h for h in history] == [True, False, True]
+        config = json.loads((out / f'default-seed{seed}' / 'config.json').read_text())
+        assert config['eval_every'] == 2
+    assert json.loads((out / 'sweep.json').read_text())['eval_every'] == 2
+
+
 def test_sweep_refuses_a_directory_of_another_sweep(tmp_path, capsys):
     out = tmp_path / 'sweep'
     out.mkdir()
@@ -45,7 +85,8 @@ def test_sweep_refuses_a_directory_of_another_sweep(tmp_path, capsys):
 @pytest.mark.parametrize('argv, message', [
     (['--presets', 'nope'], "invalid choice: 'nope'"),
     (['--seeds', '1', '1'], 'must not repeat'),
-    (['--steps', '0'], 'must be at least 1')])
+    (['--steps', '0'], 'must be at least 1'),
+    (['--eval-every', '-1'], '--eval-every must be 0 or more, got -1')])
 def test_sweep_rejects_bad_options(tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
         sweep.parse_args(['--out', str(tmp_path / 's'), *argv])
