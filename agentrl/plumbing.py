@@ -1,9 +1,11 @@
-"""Process plumbing for chapter 14's saved code: stderr redirection, quiet Ray start-up, Ray
-addresses and the errors a cluster that refuses us gets.
+"""Process plumbing for the chapters' saved code and cells: stderr redirection, quiet Ray
+start-up, Ray addresses and the errors a cluster that refuses us gets (chapter 14), and a worker
+pool kept open across many `train_many` calls (chapter 16).
 
 This module is hand-written (not tangled from a chapter): nothing in it teaches RL, so the
 chapter's cells import it instead of showing it.
 """
+import collections.abc
 import contextlib
 import logging
 import os
@@ -133,3 +135,53 @@ def quiet_transformers():
     warnings.simplefilter('ignore', FutureWarning)
     import trl
     return trl
+
+
+class WorkerPool:
+    """A spawn pool of `processes` workers, each with `threads` torch threads, kept open
+    for many calls. `pool(function, jobs)` queues [function(*job) for job in jobs] on the
+    workers and returns at once a sequence of the results, which waits for them when
+    read: the jobs of several calls made before their results are read run back to back,
+    so two workers are not left half idle by three runs. Pass it as
+    `train_many(..., executor=pool)`. A context manager; close() ends it."""
+
+    def __init__(self, processes=2, threads=1):
+        import multiprocessing
+        import torch
+        if processes < 1 or threads < 1:
+            raise ValueError(f'need processes >= 1 and threads >= 1, got {processes!r} '
+                             f'and {threads!r}')
+        self._pool = multiprocessing.get_context('spawn').Pool(
+            processes, initializer=torch.set_num_threads, initargs=(threads,))
+
+    def __call__(self, function, jobs):
+        return _Pending(self._pool.starmap_async(function, jobs, chunksize=1))
+
+    def close(self):
+        """Wait for the queued jobs and end the workers."""
+        self._pool.close()
+        self._pool.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, trace):
+        if kind is None:
+            self.close()
+        else:
+            self._pool.terminate()
+            self._pool.join()
+
+
+class _Pending(collections.abc.Sequence):
+    """The results of one WorkerPool call; reading any of them waits for all (a worker's
+    exception is raised here)."""
+
+    def __init__(self, result):
+        self._result = result
+
+    def __getitem__(self, index):
+        return self._result.get()[index]
+
+    def __len__(self):
+        return len(self._result.get())
