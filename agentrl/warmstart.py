@@ -113,6 +113,13 @@ def imitate_teacher(student, teacher, tasks, tok, cfg, steps, eval_tasks=None,
                     eval_every=5):
     """Fit student in place to episodes the teacher samples, cfg.epochs x
     cfg.minibatches NLL steps per step of cfg's batch size -> history."""
+    if cfg.dynamic_sampling:
+        raise ValueError('imitate_teacher learns from every episode the teacher '
+                         'samples; dynamic_sampling=True would drop its all-pass '
+                         'groups')
+    if teacher.embed.num_embeddings != student.embed.num_embeddings:
+        raise ValueError(f"the teacher's vocabulary has {teacher.embed.num_embeddings} "
+                         f"words, the student's {student.embed.num_embeddings}")
     generator = torch.Generator().manual_seed(cfg.seed)
     optimizer = torch.optim.Adam(student.parameters(), lr=cfg.lr, fused=True)
     env_factory, objective = functools.partial(arl.make_env, cfg), Imitation()

@@ -219,6 +219,15 @@ def sharp_teacher():
                         lr=1e-2)
 
 
+def test_imitate_teacher_rejects_dynamic_sampling_and_another_vocabulary():
+    with pytest.raises(ValueError, match='dynamic_sampling'):
+        ws.imitate_teacher(tiny_agent(2), tiny_agent(1), TRAIN, TOK,
+                           small_cfg(dynamic_sampling=True), 1)
+    other = arl.TinyAgent(len(TOK) + 1, d_model=16, n_layers=1, n_heads=2, d_ff=32)
+    with pytest.raises(ValueError, match='vocabulary'):
+        ws.imitate_teacher(tiny_agent(2), other, TRAIN, TOK, small_cfg(), 1)
+
+
 def test_imitate_teacher_fits_the_teachers_episodes(sharp_teacher):
     """The NLL of the teacher's episodes under the student falls as it imitates them."""
     teacher, student = sharp_teacher, tiny_agent(2)
