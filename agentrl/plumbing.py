@@ -1,6 +1,7 @@
 """Process plumbing for the chapters' saved code and cells: stderr redirection, quiet Ray
 start-up, Ray addresses and the errors a cluster that refuses us gets (chapter 14), and a worker
-pool kept open across many `train_many` calls (chapter 16).
+pool kept open across many `train_many` calls (chapter 16), and spawn pools whose workers leave
+Ctrl-C to their parent.
 
 This module is hand-written (not tangled from a chapter): nothing in it teaches RL, so the
 chapter's cells import it instead of showing it.
@@ -9,6 +10,7 @@ import collections.abc
 import contextlib
 import logging
 import os
+import signal
 import socket
 import sys
 import tempfile
@@ -137,6 +139,36 @@ def quiet_transformers():
     return trl
 
 
+@contextlib.contextmanager
+def sigint_left_to_parent():
+    """Processes started inside the block begin with SIGINT ignored, so a Ctrl-C sent to the
+    whole process group while they are still importing prints no traceback from each (CPython
+    installs its KeyboardInterrupt handler only where SIGINT is at its default). Meanwhile this
+    thread holds SIGINT back and takes it after the block; one that another thread of this
+    process takes during the block (a few milliseconds) is dropped: press Ctrl-C again.
+    Outside the main thread, where handlers cannot be set, the block runs unchanged."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def spawn_pool(processes, initializer=None, initargs=()):
+    """A multiprocessing spawn Pool of `processes` fresh interpreters that ignore SIGINT from
+    their first instruction: the parent handles Ctrl-C and ends them."""
+    import multiprocessing
+    with sigint_left_to_parent():
+        return multiprocessing.get_context('spawn').Pool(processes, initializer=initializer,
+                                                         initargs=initargs)
+
+
 class WorkerPool:
     """A spawn pool of `processes` workers, each with `threads` torch threads, kept open
     for many calls. `pool(function, jobs)` queues [function(*job) for job in jobs] on the
@@ -146,13 +178,11 @@ class WorkerPool:
     `train_many(..., executor=pool)`. A context manager; close() ends it."""
 
     def __init__(self, processes=2, threads=1):
-        import multiprocessing
         import torch
         if processes < 1 or threads < 1:
             raise ValueError(f'need processes >= 1 and threads >= 1, got {processes!r} '
                              f'and {threads!r}')
-        self._pool = multiprocessing.get_context('spawn').Pool(
-            processes, initializer=torch.set_num_threads, initargs=(threads,))
+        self._pool = spawn_pool(processes, torch.set_num_threads, (threads,))
 
     def __call__(self, function, jobs):
         return _Pending(self._pool.starmap_async(function, jobs, chunksize=1))

@@ -29,14 +29,13 @@ This module is hand-written (not tangled from a chapter); chapter 14 demonstrate
 """
 import argparse
 import contextlib
-import functools
 import multiprocessing
 import sys
 import threading
 from pathlib import Path
 
 import agentrl as arl
-from agentrl import policies, runs
+from agentrl import plumbing, policies, runs
 from agentrl.train import EVAL_SAMPLES, MAX_SEED, check_ranges, out_dir_problem
 
 SETTINGS = ('presets', 'seeds', 'steps', 'base_seed', 'eval_every')
@@ -180,9 +179,8 @@ class LocalPool:
             finally:
                 torch.set_num_threads(threads)
             return
-        context = multiprocessing.get_context('spawn')
-        with context.Pool(min(self.processes, len(jobs)), initializer=_worker_init,
-                          initargs=(_STEPS[0],)) as pool:
+        with plumbing.spawn_pool(min(self.processes, len(jobs)), _worker_init,
+                                 (_STEPS[0],)) as pool:
             yield from pool.imap_unordered(_indexed_job, [(fn, i, job) for i, job
                                                          in enumerate(jobs)])
 

@@ -42,3 +42,36 @@ def test_stderr_captured_sees_writes_to_the_file_descriptor():
     with plumbing.stderr_captured() as said:
         pass
     assert said() == ''
+
+
+def _main_thread_only():
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip('signal handlers can only be set in the main thread')
+
+
+def test_spawn_pool_workers_start_with_ctrl_c_ignored_and_the_parent_keeps_its_handler():
+    import signal
+    _main_thread_only()
+    before = signal.getsignal(signal.SIGINT)
+    with plumbing.spawn_pool(2) as pool:
+        assert signal.getsignal(signal.SIGINT) is before
+        # no initializer: what the worker had when its interpreter started
+        assert pool.apply(signal.getsignal, (signal.SIGINT,)) == signal.SIG_IGN
+        assert pool.apply(sum, ([1, 2],)) == 3
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_a_ctrl_c_to_this_thread_while_workers_start_is_taken_after_the_block():
+    import signal
+    import threading
+    _main_thread_only()
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with plumbing.sigint_left_to_parent():
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            reached.append('end of block')        # not interrupted inside the block
+        for _ in range(10_000):                   # the interpreter checks for signals here
+            pass
+    assert reached == ['end of block']
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
