@@ -5,7 +5,9 @@ __all__ = [
     'categorical_kl',
     'estimator_moments',
     'expected_kl_gradient',
+    'sample_kl_gradients',
     'kl_gradients',
+    'KLToGo',
     'pass_at_k',
     'PASS_KS',
     'sample_profile',
@@ -38,11 +40,12 @@ def _check_log_probs(*logps, finite=False):
                              f'{total.min().item():.6f} to {total.max().item():.6f}')
 
 
-def categorical_kl(logp, logq):
-    """Exact KL(p || q) of categoricals from log-probs: [..., V] x 2 -> [...]."""
-    _check_log_probs(logp, logq)
-    p = logp.exp()
-    terms = torch.where(p > 0, p * (logp - logq), torch.zeros((), dtype=logp.dtype))
+def categorical_kl(logq, logp):
+    """Exact KL(q || p) of categoricals from log-probs (q first, as the policy is
+    here): [..., V] x 2 -> [...]."""
+    _check_log_probs(logq, logp)
+    q = logq.exp()
+    terms = torch.where(q > 0, q * (logq - logp), torch.zeros((), dtype=logq.dtype))
     return terms.sum(-1)
 
 
@@ -77,6 +80,24 @@ def expected_kl_gradient(logits, ref_logp, kind, placement='loss'):
     return torch.autograd.grad(objective, logits)[0]
 
 
+def sample_kl_gradients(logits, ref_logp, kind, placement='loss'):
+    """The gradient w.r.t. the logits that kind's estimate sends when symbol x is the
+    one sampled, for every x: logits, ref_logp [V] -> [V (sampled x), V]."""
+    if placement not in arl.KL_PLACEMENTS:
+        raise ValueError(f'unknown placement {placement!r}; '
+                         f'expected one of {arl.KL_PLACEMENTS}')
+    if logits.dim() != 1:
+        raise ValueError(f'logits must have shape [V], got {tuple(logits.shape)}')
+    logits = logits.detach().to(arl.DTYPE).requires_grad_()
+    logq = torch.log_softmax(logits, -1)
+    _check_log_probs(logq.detach(), ref_logp, finite=True)
+    values = arl.kl_penalty(logq, ref_logp, kind)
+    if placement == 'reward':
+        values = values.detach() * logq               # REINFORCE on the reward -value
+    return torch.stack([torch.autograd.grad(values[x], logits, retain_graph=True)[0]
+                        for x in range(len(values))])
+
+
 def kl_gradients(logits, ref_logp):
     """Closed-form gradients w.r.t. the logits of KL(q || p) and KL(p || q),
     q = softmax(logits): logits, ref_logp [V] -> (reverse [V], forward [V])."""
@@ -85,6 +106,36 @@ def kl_gradients(logits, ref_logp):
     q, p = logq.exp(), ref_logp.exp()
     reverse = q * (logq - ref_logp - categorical_kl(logq, ref_logp))
     return reverse, q - p
+
+
+class KLToGo(arl.Objective):
+    """A KL penalty on the group advantages: each policy token loses coef times the sum
+    of log pi_old / pi_ref over itself and the later policy tokens of its episode (the
+    episode KL's full gradient, on the loss's scale) -> per-token advantages
+    [B, T-1]."""
+
+    def __init__(self, ref_model, coef):
+        if not coef >= 0:
+            raise ValueError(f'coef must be >= 0, got {coef!r}')
+        self.ref_model, self.coef = ref_model, coef
+
+    def prepare(self, model, batch, cfg):
+        """The reference's log-probs of the batch's tokens ->
+        batch['to_go_ref_logp']."""
+        if cfg.kl_coef:
+            raise ValueError(f'KLToGo is the KL penalty; set kl_coef=0, got '
+                             f'{cfg.kl_coef!r}')
+        with torch.no_grad():
+            batch['to_go_ref_logp'], _ = arl.token_log_probs(
+                self.ref_model, batch['ids'], batch['lengths'], cfg.temperature)
+
+    def advantages(self, batch, episodes, cfg):
+        """Group advantage minus coef * (log-ratios to the episode's end) ->
+        [B, T-1]."""
+        mask = batch['action_mask']
+        drift = (batch['sample_logp'] - batch['to_go_ref_logp']) * mask
+        to_go = drift.flip(-1).cumsum(-1).flip(-1)
+        return (arl.compute_advantages(batch, cfg)[:, None] - self.coef * to_go) * mask
 
 
 def pass_at_k(n, c, k):
@@ -105,7 +156,8 @@ PASS_KS = (1, 2, 4, 8, 16)
 
 def sample_profile(model, tasks, tok, cfg, ref_model, n=16, ks=PASS_KS, seed=0):
     """n episodes of every task in cfg's gym, no learning -> dict: pass@k for each k
-    (mean over tasks), reads, entropy, distinct call sequences per task, kl_to_ref."""
+    (mean over tasks), successes (per task), reads, entropy, distinct call sequences
+    per task, kl_to_ref."""
     if n < 1 or not ks or not all(1 <= k <= n for k in ks):
         raise ValueError(f'need n >= 1 and every k in [1, n={n}], got ks={ks!r}')
     settings = dataclasses.replace(cfg, group_size=n)
@@ -117,6 +169,7 @@ def sample_profile(model, tasks, tok, cfg, ref_model, n=16, ks=PASS_KS, seed=0):
             for group in groups]
     profile = {f'pass@{k}': sum(pass_at_k(n, c, k) for c in wins) / len(groups)
                for k in ks}
+    profile['successes'] = wins
     profile['reads'] = arl.behavior_stats(episodes)['reads']
     profile['distinct'] = sum(len({tuple(t.info['actions']) for t in group})
                               for group in groups) / len(groups)

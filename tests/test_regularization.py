@@ -206,7 +206,10 @@ TASKS = arl.make_tasks('train')[:3]
 def test_sample_profile_keys_ranges_and_monotone_pass_at_k(tok):
     cfg = arl.RLConfig(max_turns=3)
     profile = arl.sample_profile(_agent(tok, 0), TASKS, tok, cfg, _agent(tok, 1), n=4, ks=(1, 2, 4))
-    assert set(profile) == {'pass@1', 'pass@2', 'pass@4', 'reads', 'distinct', 'entropy', 'kl_to_ref'}
+    assert set(profile) == {'pass@1', 'pass@2', 'pass@4', 'successes', 'reads', 'distinct',
+                            'entropy', 'kl_to_ref'}
+    assert len(profile['successes']) == len(TASKS)
+    assert all(isinstance(c, int) and 0 <= c <= 4 for c in profile['successes'])
     passes = [profile[f'pass@{k}'] for k in (1, 2, 4)]
     assert all(0 <= p <= 1 for p in passes) and passes == sorted(passes)
     assert 1 <= profile['distinct'] <= 4 and profile['entropy'] > 0
@@ -238,6 +241,7 @@ def test_sample_profile_pass_at_k_from_counted_wins(tok, monkeypatch):
     profile = arl.sample_profile(model, TASKS, tok, arl.RLConfig(max_turns=2), model, n=4, ks=(1, 2))
     assert profile['pass@1'] == pytest.approx((0 + 1 / 4 + 3 / 4) / 3)
     assert profile['pass@2'] == pytest.approx((0 + 0.5 + 1.0) / 3)
+    assert profile['successes'] == [0, 1, 3]
 
 
 @pytest.mark.parametrize('n, ks', [(0, (1,)), (4, ()), (4, (5,)), (4, (0, 1))])
@@ -260,3 +264,87 @@ def test_sample_profile_kl_is_the_mean_over_episodes_of_the_summed_log_ratio(tok
         want += float(((t.sample_logp - ref_logp[0].detach()) * t.action_mask).sum()) / len(episodes)
     profile = arl.sample_profile(model, TASKS, tok, cfg, ref, n=3, ks=(1,), seed=2)
     assert profile['kl_to_ref'] == pytest.approx(want, abs=1e-10)
+
+
+# --- sample_kl_gradients ----------------------------------------------------------------------
+@pytest.mark.parametrize('seed', range(4))
+def test_one_token_gradients_average_to_the_expected_gradient(seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(5, generator=g, dtype=D)
+    ref_logp = torch.log_softmax(torch.randn(5, generator=g, dtype=D), -1)
+    q = torch.softmax(logits, -1)
+    for placement in arl.KL_PLACEMENTS:
+        for kind in arl.KL_KINDS:
+            per_token = arl.sample_kl_gradients(logits, ref_logp, kind, placement)
+            assert per_token.shape == (5, 5)
+            expected = arl.expected_kl_gradient(logits, ref_logp, kind, placement)
+            assert torch.allclose(q @ per_token, expected, atol=1e-12)
+
+
+def test_one_token_gradients_known_forms():
+    """Sampled x: k1 in the loss sends e_x - q; in the reward (log q_x - log p_x)(e_x - q);
+    k2 in the loss sends the same as k1 in the reward."""
+    logits = torch.tensor([0.5, -1.0, 2.0], dtype=D)
+    ref_logp = logp_of(0.2, 0.5, 0.3)
+    q, logq = torch.softmax(logits, -1), torch.log_softmax(logits, -1)
+    score = torch.eye(3, dtype=D) - q                       # row x: d log q_x / d logits
+    k1_loss = arl.sample_kl_gradients(logits, ref_logp, 'k1', 'loss')
+    k1_reward = arl.sample_kl_gradients(logits, ref_logp, 'k1', 'reward')
+    k2_loss = arl.sample_kl_gradients(logits, ref_logp, 'k2', 'loss')
+    assert torch.allclose(k1_loss, score, atol=1e-14)
+    assert torch.allclose(k1_reward, (logq - ref_logp)[:, None] * score, atol=1e-14)
+    assert torch.allclose(k2_loss, k1_reward, atol=1e-14)
+
+
+def test_one_token_gradients_reject_bad_inputs():
+    logits, ref_logp = torch.zeros(3, dtype=D), logp_of(0.2, 0.5, 0.3)
+    with pytest.raises(ValueError, match='unknown placement'):
+        arl.sample_kl_gradients(logits, ref_logp, 'k1', 'advantage')
+    with pytest.raises(ValueError, match=r'shape \[V\]'):
+        arl.sample_kl_gradients(logits[None], ref_logp, 'k1')
+    with pytest.raises(ValueError, match='unknown kl_kind'):
+        arl.sample_kl_gradients(logits, ref_logp, 'k4')
+
+
+# --- KLToGo -----------------------------------------------------------------------------------
+def _hand_batch():
+    """Two episodes of one group, three positions; the second position is the environment's."""
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=D)
+    return dict(rewards=torch.tensor([1.0, 0.0], dtype=D), action_mask=mask,
+                sample_logp=torch.tensor([[-1.0, -9.0, -2.0], [-0.5, -9.0, 0.0]], dtype=D),
+                to_go_ref_logp=torch.tensor([[-1.5, -1.0, -1.0], [-1.0, -1.0, 0.0]], dtype=D))
+
+
+def test_kl_to_go_subtracts_the_log_ratios_to_the_episode_end():
+    batch, cfg = _hand_batch(), arl.RLConfig(group_size=2)
+    adv = arl.KLToGo(None, 0.5).advantages(batch, None, cfg)
+    episode = arl.compute_advantages(batch, cfg)             # +a and -a
+    # log-ratios on policy tokens: row 0: +0.5 then -1.0; row 1: +0.5
+    want = torch.tensor([[episode[0] - 0.5 * (0.5 - 1.0), 0.0, episode[0] - 0.5 * -1.0],
+                         [episode[1] - 0.5 * 0.5, 0.0, 0.0]], dtype=D)
+    assert adv.shape == (2, 3)
+    assert torch.allclose(adv, want, atol=1e-14)
+    assert torch.equal(arl.KLToGo(None, 0.0).advantages(batch, None, cfg),
+                       episode[:, None] * batch['action_mask'])
+
+
+def test_kl_to_go_prepare_uses_the_reference_and_refuses_a_second_penalty(tok):
+    model, ref = _agent(tok, 0), _agent(tok, 1)
+    cfg = arl.RLConfig(max_turns=2, group_size=2)
+    episodes = arl.sample_groups(model, lambda: arl.make_env(cfg), TASKS[:1], tok, cfg,
+                                 torch.Generator().manual_seed(0))
+    batch = arl.collate(episodes, tok.pad_id)
+    arl.KLToGo(ref, 0.1).prepare(model, batch, cfg)
+    want, _ = arl.token_log_probs(ref, batch['ids'], batch['lengths'], 1.0)
+    assert torch.equal(batch['to_go_ref_logp'], want.detach())
+    with pytest.raises(ValueError, match='set kl_coef=0'):
+        arl.KLToGo(ref, 0.1).prepare(model, batch, arl.RLConfig(kl_coef=0.1))
+    with pytest.raises(ValueError, match='coef must be >= 0'):
+        arl.KLToGo(ref, -0.1)
+
+
+def test_kl_to_go_trains_through_train_rl(tok):
+    model, ref = _agent(tok, 0), _agent(tok, 1)
+    cfg = arl.RLConfig(max_turns=2, group_size=2, prompts_per_step=2)
+    history = arl.train_rl(model, TASKS, tok, cfg, 2, objective=arl.KLToGo(ref, 0.1))
+    assert len(history) == 2 and all(math.isfinite(h['grad_norm']) for h in history)
