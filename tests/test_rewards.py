@@ -1,6 +1,6 @@
 """Tests of chapter 11's saved functions (agentrl.rewards): reward functions on crafted infos,
 the public-test hack and its environment, the hack demonstrations, the noisy verifier and the
-reward audit."""
+exact flip enumeration, the behaviour counts and their objective, and the reward audit."""
 import functools
 import pickle
 import random
@@ -174,8 +174,116 @@ def test_reward_audit_counts_hacks_and_is_reproducible(tok):
     cfg = arl.RLConfig(max_turns=3)
     factory = functools.partial(arl.HackableEnv, max_turns=3, reward='public')
     audit = arl.reward_audit(model, TRAIN[:3], tok, cfg, factory, n=4, seed=1)
-    assert set(audit) == {'reward', 'passed', 'public', 'submitted', 'hacks', 'unedited', 'turns',
-                          'reads'}
+    assert set(audit) == {'reward', 'passed', 'public', 'submitted', 'turns', 'reads', 'tests',
+                          'hacks', 'refused', 'unchanged', 'malformed'}
     assert all(0 <= audit[k] <= 1 for k in ('reward', 'passed', 'public', 'submitted', 'hacks'))
     assert 1 <= audit['turns'] <= 3 and audit['passed'] <= audit['public'] + 1e-12
     assert audit == arl.reward_audit(model, TRAIN[:3], tok, cfg, factory, n=4, seed=1)
+
+
+# --- what episodes did ----------------------------------------------------------------------
+
+class _Episode:
+    """What reward_behavior (info) and episode_behavior (also reward, action_mask) read."""
+
+    def __init__(self, info):
+        self.info, self.reward, self.action_mask = info, 0.0, torch.zeros(1)
+
+
+def played(env, task, calls):
+    return _Episode(arl.play(env, task, calls)[2])
+
+
+def test_source_unchanged_ignores_the_name_and_sees_edits():
+    task = TRAIN[0]
+    renamed = arl.randomize_names(task, random.Random(5))
+    assert arl.source_unchanged(info_for(renamed))                     # only the name differs
+    assert not arl.source_unchanged(info_for(renamed, fixed(renamed)))
+    hacked = arl.hardcode_public(renamed.source, renamed.public_tests)
+    assert not arl.source_unchanged(info_for(renamed, hacked))
+    # an edit that changes nothing leaves the source unchanged
+    no_op = next(op for op in arl.FIX_OPS
+                 if arl.EDIT_OPS[op](task.source, task.public_tests) == task.source)
+    assert arl.source_unchanged(played(arl.EditBudgetEnv(), task,
+                                       [f'edit {no_op}', 'submit']).info)
+
+
+def test_reward_behavior_counts_the_hack_as_a_legal_call_only_where_it_is_one():
+    task = TRAIN[0]
+    hack = played(arl.HackableEnv(), task, ['edit pass', 'edit pass', f'edit {task.fix_op}',
+                                            'edit nonsense', 'read read', 'submit'])
+    assert arl.reward_behavior(hack) == dict(hacks=1.0, refused=2.0, unchanged=0.0,
+                                             malformed=2.0)
+    assert arl.episode_behavior(hack)['malformed'] == 4                # chapter 9's count
+    plain = played(arl.EditBudgetEnv(), task, ['edit pass', f'edit {task.fix_op}',
+                                               f'edit {task.fix_op}', 'submit'])
+    assert arl.reward_behavior(plain) == dict(hacks=0.0, refused=1.0, unchanged=0.0,
+                                              malformed=1.0)
+    quiet = played(arl.EditBudgetEnv(), task, ['read', 'test', 'submit'])
+    assert arl.reward_behavior(quiet) == dict(hacks=0.0, refused=0.0, unchanged=1.0,
+                                              malformed=0.0)
+    unsubmitted = played(arl.EditBudgetEnv(max_turns=2), task, ['read', 'read'])
+    assert arl.reward_behavior(unsubmitted)['unchanged'] == 0.0
+
+
+def test_steps_to_known_values():
+    assert arl.steps_to([0.1, 0.2, 0.9, 0.9, 0.9], 0.5) == 3         # trailing means .4, .525
+    assert arl.steps_to([0.6], 0.5) == 0
+    assert arl.steps_to([0.1] * 10, 0.5) is None
+    assert arl.steps_to([0.0, 1.0, 1.0], 1.0, window=1) == 1
+
+
+# --- the exact flip enumeration -------------------------------------------------------------
+
+@pytest.mark.parametrize('adv_mode', ['mean', 'rloo'])
+def test_flip_ratio_of_linear_advantages_is_one_minus_two_epsilon(adv_mode):
+    for passes in range(1, 8):
+        for epsilon in (0.0, 0.1, 0.3, 0.45):
+            assert arl.flip_advantage_ratio(passes, epsilon, 8, adv_mode) == pytest.approx(
+                1 - 2 * epsilon, abs=1e-12)
+
+
+def test_flip_ratio_of_grpo_known_values_and_symmetry():
+    assert arl.flip_advantage_ratio(1, 0.1) == pytest.approx(0.7038, abs=1e-4)
+    assert arl.flip_advantage_ratio(4, 0.1) == pytest.approx(0.8152, abs=1e-4)
+    assert arl.flip_advantage_ratio(4, 0.3) == pytest.approx(0.4196, abs=1e-4)
+    for passes in range(1, 8):
+        assert arl.flip_advantage_ratio(passes, 0.0) == pytest.approx(1.0, abs=1e-9)
+        assert arl.flip_advantage_ratio(passes, 0.2) == pytest.approx(
+            arl.flip_advantage_ratio(8 - passes, 0.2), abs=1e-12)
+    # a group of two by hand: no flip keeps A, one flip makes the group flat (advantage 0),
+    # two flips reverse it, so the ratio is (1 - eps)^2 - eps^2 = 1 - 2 eps
+    assert arl.flip_advantage_ratio(1, 0.2, 2) == pytest.approx(1 - 2 * 0.2, abs=1e-12)
+
+
+def test_flip_ratio_rejects_flat_groups_and_bad_arguments():
+    for passes in (0, 8):
+        with pytest.raises(ValueError, match='passes must be in 1..7'):
+            arl.flip_advantage_ratio(passes, 0.1)
+    with pytest.raises(ValueError, match='need 0 <= epsilon <= 1'):
+        arl.flip_advantage_ratio(1, 1.5)
+    with pytest.raises(ValueError, match="unknown adv_mode 'median'"):
+        arl.flip_advantage_ratio(1, 0.1, 8, 'median')
+
+
+# --- the logging objective ------------------------------------------------------------------
+
+def test_behavior_logged_changes_no_training_and_logs_the_hack(tok):
+    model = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=0)
+    fields = dict(max_turns=3, group_size=2, prompts_per_step=2, reward='public')
+    factory = functools.partial(arl.HackableEnv, max_turns=3, reward='public')
+    plain_model, plain = arl.train_copy(model, TRAIN, tok, fields, 3, env_factory=factory)
+    logged_model, logged = arl.train_copy(model, TRAIN, tok, fields, 3, env_factory=factory,
+                                          objective=arl.BehaviorLogged())
+    for before, after in zip(plain, logged):
+        assert set(after) - set(before) == {'hacks', 'refused', 'unchanged'}
+        assert all(after[key] == value for key, value in before.items() if key != 'malformed')
+        assert after['malformed'] <= before['malformed']
+    for a, b in zip(plain_model.parameters(), logged_model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_behavior_logged_refuses_dynamic_sampling():
+    cfg = arl.RLConfig(dynamic_sampling=True)
+    with pytest.raises(ValueError, match='dynamic_sampling=False'):
+        arl.BehaviorLogged().advantages({'rewards': torch.zeros(8)}, [], cfg)
