@@ -60,29 +60,10 @@ def estimator_moments(logq, logp, kind):
     return mean, variance.sqrt()
 
 
-def expected_kl_gradient(logits, ref_logp, kind, placement='loss'):
-    """Exact E_{x ~ softmax(logits)} of the gradient w.r.t. the logits that kind's
-    estimate sends, as a loss or as a detached reward: logits, ref_logp [V] -> [V]."""
-    if placement not in arl.KL_PLACEMENTS:
-        raise ValueError(f'unknown placement {placement!r}; '
-                         f'expected one of {arl.KL_PLACEMENTS}')
-    if logits.dim() != 1:
-        raise ValueError(f'logits must have shape [V], got {tuple(logits.shape)}')
-    logits = logits.detach().to(arl.DTYPE).requires_grad_()
-    logq = torch.log_softmax(logits, -1)
-    _check_log_probs(logq.detach(), ref_logp, finite=True)
-    weights = logq.exp().detach()               # samples are drawn, not differentiated
-    values = arl.kl_penalty(logq, ref_logp, kind)
-    if placement == 'loss':
-        objective = (weights * values).sum()
-    else:                                             # REINFORCE on the reward -value
-        objective = (weights * values.detach() * logq).sum()
-    return torch.autograd.grad(objective, logits)[0]
-
-
-def sample_kl_gradients(logits, ref_logp, kind, placement='loss'):
-    """The gradient w.r.t. the logits that kind's estimate sends when symbol x is the
-    one sampled, for every x: logits, ref_logp [V] -> [V (sampled x), V]."""
+def _per_symbol_penalty(logits, ref_logp, kind, placement):
+    """Checked inputs -> (logits as a leaf with a gradient, log q [V], the penalty each
+    symbol x sends when sampled [V]: its estimate as a loss, or, as a detached reward,
+    REINFORCE on it)."""
     if placement not in arl.KL_PLACEMENTS:
         raise ValueError(f'unknown placement {placement!r}; '
                          f'expected one of {arl.KL_PLACEMENTS}')
@@ -94,6 +75,21 @@ def sample_kl_gradients(logits, ref_logp, kind, placement='loss'):
     values = arl.kl_penalty(logq, ref_logp, kind)
     if placement == 'reward':
         values = values.detach() * logq               # REINFORCE on the reward -value
+    return logits, logq, values
+
+
+def expected_kl_gradient(logits, ref_logp, kind, placement='loss'):
+    """Exact E_{x ~ softmax(logits)} of the gradient w.r.t. the logits that kind's
+    estimate sends, as a loss or as a detached reward: logits, ref_logp [V] -> [V]."""
+    logits, logq, values = _per_symbol_penalty(logits, ref_logp, kind, placement)
+    weights = logq.exp().detach()               # samples are drawn, not differentiated
+    return torch.autograd.grad((weights * values).sum(), logits)[0]
+
+
+def sample_kl_gradients(logits, ref_logp, kind, placement='loss'):
+    """The gradient w.r.t. the logits that kind's estimate sends when symbol x is the
+    one sampled, for every x: logits, ref_logp [V] -> [V (sampled x), V]."""
+    logits, _, values = _per_symbol_penalty(logits, ref_logp, kind, placement)
     return torch.stack([torch.autograd.grad(values[x], logits, retain_graph=True)[0]
                         for x in range(len(values))])
 
