@@ -23,3 +23,4 @@ from .observations import *  # book/13-tools-and-observations.md
 from .scaling import *  # book/14-scaling-and-efficiency.md
 from .offpolicy import *  # book/15-off-policy-and-async.md
 from .warmstart import *  # book/16-warm-starts-and-distillation.md
+from .evalstats import *  # book/17-evaluation.md

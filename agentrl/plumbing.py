@@ -169,6 +169,21 @@ def spawn_pool(processes, initializer=None, initargs=()):
                                                          initargs=initargs)
 
 
+def _importable(function):
+    """Whether a spawned worker can find function by its module and name (a worker that
+    cannot unpickle a job dies, and the pool then waits for that job forever)."""
+    import importlib
+    module = getattr(function, '__module__', None)
+    if module is None or '<locals>' in getattr(function, '__qualname__', '<locals>'):
+        return False
+    if module == '__main__' and not hasattr(sys.modules['__main__'], '__file__'):
+        return False                    # a notebook's or console's: no file to re-import
+    try:
+        return getattr(importlib.import_module(module), function.__name__) is function
+    except (ImportError, AttributeError):
+        return False
+
+
 class WorkerPool:
     """A spawn pool of `processes` workers, each with `threads` torch threads, kept open
     for many calls. `pool(function, jobs)` queues [function(*job) for job in jobs] on the
@@ -185,6 +200,10 @@ class WorkerPool:
         self._pool = spawn_pool(processes, torch.set_num_threads, (threads,))
 
     def __call__(self, function, jobs):
+        if not _importable(function):
+            raise ValueError(f'WorkerPool runs functions a spawned worker can import: '
+                             f'{function!r} is defined in {function.__module__}; pass one '
+                             f'of a module (e.g. arl.{function.__name__} for saved code)')
         return _Pending(self._pool.starmap_async(function, jobs, chunksize=1))
 
     def close(self):

@@ -75,3 +75,19 @@ def test_a_ctrl_c_to_this_thread_while_workers_start_is_taken_after_the_block():
             pass
     assert reached == ['end of block']
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_worker_pool_refuses_functions_a_worker_cannot_import():
+    """A job a spawned worker cannot unpickle kills the worker and the pool waits for it
+    forever: WorkerPool refuses such a function at once, naming it (no process started)."""
+    import agentrl as arl
+    from agentrl.plumbing import WorkerPool, _importable
+
+    def nested():
+        return 0
+
+    assert _importable(arl.pass_at_k) and _importable(arl.task_successes)
+    assert not _importable(nested) and not _importable(lambda: 0)
+    pool = WorkerPool.__new__(WorkerPool)            # no workers: the check comes first
+    with pytest.raises(ValueError, match='nested'):
+        pool(nested, [()])
