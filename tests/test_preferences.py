@@ -394,8 +394,13 @@ def test_train_dpo_uses_the_given_reference(groups):
 
 
 def solved_by_fiat(monkeypatch):
-    """Count an episode as solved when it submitted: an untrained agent then has pairs."""
-    monkeypatch.setattr(arl, 'solved', lambda info: bool(info['submitted']))
+    """An untrained agent solves nothing (it never submits), so label episodes by fiat:
+    alternately solved and not, in the order they are first judged. Each episode keeps its
+    label (stored in its info); groups of an even size start at the same parity, so
+    sampling the same groups again gives the same pairs."""
+    counter = itertools.count()
+    monkeypatch.setattr(arl, 'solved',
+                        lambda info: info.setdefault('fiat', next(counter) % 2 == 0))
 
 
 def test_iterated_dpo_one_round_is_train_dpo_on_its_own_pairs(monkeypatch):
@@ -417,6 +422,15 @@ def test_iterated_dpo_rounds_use_the_last_policy(monkeypatch):
     policy, available = pf.iterated_dpo(model, TRAIN[:3], TOK, cfg, 0.1, 2, n=4,
                                         max_pairs=5)
     first, _ = pf.iterated_dpo(model, TRAIN[:3], TOK, cfg, 0.1, 1, n=4, max_pairs=5)
+    sampled_from = []                       # which policy each round samples from
+    sample = pf.sample_prompt_groups
+    monkeypatch.setattr(pf, 'sample_prompt_groups',
+                        lambda m, *a, **k: sampled_from.append(m) or sample(m, *a, **k))
+    pf.iterated_dpo(model, TRAIN[:3], TOK, cfg, 0.1, 2, n=4, max_pairs=5)
+    assert sampled_from[0] is model
+    assert all(torch.equal(a, b) for a, b in zip(sampled_from[1].parameters(),
+                                                 first.parameters()))
+    monkeypatch.setattr(pf, 'sample_prompt_groups', sample)
     groups = pf.sample_prompt_groups(first, TRAIN[:3], TOK, cfg, 4, seed=1)
     assert len(available) == 2 and available[1] == len(pf.preference_pairs(groups))
     pairs = pf.preference_pairs(groups, min(5, available[1]), seed=1)
