@@ -13,16 +13,22 @@ __all__ = [
     'best_blind',
     'multi_scripted_calls',
     'long_demonstrations',
+    'family_combination',
+    'spread_demos',
     'DEMO_PAIRS',
     'make_long_base',
     'sample_without_learning',
     'wasted_calls',
+    'first_edit_right',
+    'read_first',
     'horizon_stats',
+    'reading_split',
     'TruncationMasked',
     'turn_of_token',
     'per_call_to_tokens',
     'call_returns',
     'whiten',
+    'adjusted_rewards',
     'DiscountedTurns',
     'AnchorStates',
 ]
@@ -164,14 +170,14 @@ class MultiBugEnv(arl.EditBudgetEnv):
         return answer
 
     def final_info(self, submitted):
-        """BugFixEnv's final info over every part, with parts_fixed, n_parts, states and
-        answers."""
+        """BugFixEnv's final info over every part, with parts_fixed, n_parts, fix_ops,
+        states and answers."""
         hidden = parts_passing(self.source, self.parts, self.names)
         public = parts_passing(self.source, self.parts, self.names, 'public')
         return super().final_info(submitted) | dict(
             hidden_pass=all(hidden), public_pass=all(public), parts_fixed=sum(hidden),
-            n_parts=len(self.parts), states=list(self.states),
-            answers=list(self.answers))
+            n_parts=len(self.parts), fix_ops=[p.fix_op for p in self.parts],
+            states=list(self.states), answers=list(self.answers))
 
 
 def blind_rate(ops, tasks):
@@ -213,6 +219,28 @@ def long_demonstrations(tok, kinds, tasks, seed=0):
     return demos
 
 
+def family_combination(task):
+    """The families of a MultiTask's parts, joined by '+'."""
+    parts = task.parts if isinstance(task, MultiTask) else (task,)
+    return '+'.join(p.name.split('/')[0] for p in parts)
+
+
+def spread_demos(tasks, k):
+    """k of the tasks, over every family combination as evenly as k allows and evenly
+    spaced within each -> [Task]."""
+    combos = {}
+    for task in tasks:
+        combos.setdefault(family_combination(task), []).append(task)
+    if not len(combos) <= k <= len(tasks):
+        raise ValueError(f'k must be between the {len(combos)} family combinations '
+                         f'and the {len(tasks)} tasks, got {k!r}')
+    picked = []
+    for i, members in enumerate(combos.values()):
+        share = k // len(combos) + (i < k % len(combos))
+        picked += [members[j * len(members) // share] for j in range(share)]
+    return picked
+
+
 DEMO_PAIRS = 20
 _LONG_BASE = {}
 
@@ -223,7 +251,7 @@ def make_long_base(tok, seed=0):
     key = (tuple(tok.vocab), seed)
     if key not in _LONG_BASE:
         pairs = multi_tasks(2)
-        tasks = multi_tasks(1) + pairs[::len(pairs) // DEMO_PAIRS][:DEMO_PAIRS]
+        tasks = multi_tasks(1) + spread_demos(pairs, DEMO_PAIRS)
         demos = long_demonstrations(tok, arl.RL_BASE_KINDS, tasks, seed)
         model = arl.TinyAgent(len(tok), seed=seed)
         _LONG_BASE[key] = arl.behavior_clone(model, demos, seed=seed).eval()
@@ -239,22 +267,38 @@ def sample_without_learning(model, tasks, tok, cfg, env_factory, n=8, seed=0):
 
 
 def wasted_calls(info):
-    """Calls of an episode that neither read for the first time, changed the code, nor
-    submitted."""
-    useful, has_read = 0, False
+    """Calls of an episode that neither read or tested for the first time before any
+    read, changed the code, nor submitted."""
+    useful, has_read, has_tested = 0, False, False
     # a submit gets no answer
     answers = info['answers'] + [''] * (len(info['actions']) - len(info['answers']))
     for action, answer in zip(info['actions'], answers):
-        first_read = action == 'read' and not has_read
+        first_look = (action == 'read' or (action == 'test' and not has_tested)
+                      ) and not has_read
         changed = action.startswith('edit ') and answer == arl.MESSAGES['changed']
-        useful += first_read or changed or action == 'submit'
-        has_read = has_read or action == 'read'
+        useful += first_look or changed or action == 'submit'
+        has_read, has_tested = has_read or action == 'read', has_tested or action == 'test'
     return len(info['actions']) - useful
 
 
+def first_edit_right(info):
+    """Whether the first edit is a fix op of some part (the parts may be fixed in any
+    order)."""
+    edits = [a.split()[1] for a in info['actions'] if a.startswith('edit ')][:1]
+    return bool(edits) and edits[0] in info['fix_ops']
+
+
+def read_first(info):
+    """Whether the episode read before its first edit (or read and never edited)."""
+    for action in info['actions']:
+        if action == 'read' or action.startswith('edit '):
+            return action == 'read'
+    return False
+
+
 def horizon_stats(trajs):
-    """Per-episode means of pass_rate, reads, edits, turns, truncated, parts_fixed; and
-    wasted calls per solved episode."""
+    """Per-episode means of pass_rate, reads, edits, turns, truncated, parts_fixed,
+    first_edit_right; and wasted calls per solved episode."""
     if not trajs:
         raise ValueError('horizon_stats needs at least one episode')
     infos = [t.info for t in trajs]
@@ -265,9 +309,28 @@ def horizon_stats(trajs):
                 edits=mean(lambda i: len(i['ops'])), turns=mean(lambda i: i['n_turns']),
                 truncated=mean(lambda i: not i['submitted']),
                 parts_fixed=mean(lambda i: i['parts_fixed'] / i['n_parts']),
+                first_edit_right=mean(first_edit_right),
                 wasted_per_solve=(sum(map(wasted_calls, solved)) / len(solved)
                                   if solved else float('nan')),
                 n_solved=len(solved))
+
+
+def reading_split(trajs):
+    """Episodes that read first against the others: counts, pass rates, and q, the
+    share of the readers' edits that are a part's fix op -> dict."""
+    if not trajs:
+        raise ValueError('reading_split needs at least one episode')
+    passed = {True: [], False: []}
+    edits_right = []
+    for info in (t.info for t in trajs):
+        reader = read_first(info)
+        passed[reader].append(bool(info['submitted'] and info['hidden_pass']))
+        edits_right += [a.split()[1] in info['fix_ops'] for a in info['actions']
+                        if reader and a.startswith('edit ')]
+    rate = lambda xs: sum(xs) / len(xs) if xs else float('nan')    # noqa: E731
+    return dict(n_read=len(passed[True]), n_unread=len(passed[False]),
+                pass_read=rate(passed[True]), pass_unread=rate(passed[False]),
+                q=rate(edits_right))
 
 
 class TruncationMasked(arl.Objective):
@@ -277,6 +340,12 @@ class TruncationMasked(arl.Objective):
     def advantages(self, batch, episodes, cfg):
         """Group advantages [B], 0 for unsubmitted episodes; batch['in_loss'] [B] marks
         the others."""
+        if (cfg.kl_coef and cfg.kl_placement == 'loss') or cfg.entropy_coef:
+            raise ValueError('TruncationMasked removes episodes from the policy loss '
+                             "only; rl_update's KL and entropy terms would still train "
+                             f'on them: got kl_coef {cfg.kl_coef!r} (placement '
+                             f'{cfg.kl_placement!r}), entropy_coef {cfg.entropy_coef!r};'
+                             " use 0 or kl_placement='reward'")
         batch['in_loss'] = torch.tensor([float(t.info['submitted']) for t in episodes],
                                         dtype=arl.DTYPE)
         return super().advantages(batch, episodes, cfg) * batch['in_loss']
@@ -318,11 +387,23 @@ def call_returns(reward, n_calls, gamma):
 
 
 def whiten(values):
-    """(v - mean) / std over the list -> list; all 0 if fewer than two or all equal."""
+    """(v - mean) / population std over the list, as group_advantages -> list; all 0
+    if all equal."""
     x = torch.tensor(values, dtype=arl.DTYPE)
-    if len(values) < 2 or not x.std() > 0:
+    if not len(values) or not x.std(correction=0) > 0:
         return [0.0] * len(values)
-    return ((x - x.mean()) / x.std()).tolist()
+    return ((x - x.mean()) / x.std(correction=0)).tolist()
+
+
+def adjusted_rewards(batch, cfg):
+    """The rewards compute_advantages normalizes: batch['rewards'] less the overlong
+    penalty and a KL placed in the reward -> [B]."""
+    rewards = batch['rewards']
+    if cfg.overlong_buffer:
+        rewards = rewards - arl.overlong_penalty(batch['n_turns'], cfg)
+    if cfg.kl_coef and cfg.kl_placement == 'reward':
+        rewards = rewards - cfg.kl_coef * arl.episode_kl(batch)
+    return rewards
 
 
 def _group_slices(n_episodes, group_size):
@@ -339,8 +420,11 @@ class DiscountedTurns(arl.Objective):
 
     def advantages(self, batch, episodes, cfg):
         """Per-call advantages on the policy tokens -> [B, T-1]."""
+        if cfg.adv_mode != 'grpo':
+            raise ValueError(f"DiscountedTurns always whitens (adv_mode 'grpo'); got "
+                             f'adv_mode {cfg.adv_mode!r}')
         returns = [call_returns(float(r), len(t.info['actions']), self.gamma)
-                   for r, t in zip(batch['rewards'], episodes)]
+                   for r, t in zip(adjusted_rewards(batch, cfg), episodes)]
         per_call = []
         for group in _group_slices(len(episodes), cfg.group_size):
             flat = whiten([g for calls in returns[group] for g in calls])
@@ -364,7 +448,7 @@ class AnchorStates(arl.Objective):
             raise ValueError("AnchorStates needs each episode's info['states'], the "
                              'state before every call; MultiBugEnv logs them')
         returns = [call_returns(float(r), len(t.info['states']), self.gamma)
-                   for r, t in zip(batch['rewards'], episodes)]
+                   for r, t in zip(adjusted_rewards(batch, cfg), episodes)]
         step = [[0.0] * len(r) for r in returns]
         for group in _group_slices(len(episodes), cfg.group_size):
             # state -> the (episode, call) pairs made from it in this group

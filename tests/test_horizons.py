@@ -227,6 +227,41 @@ def test_long_demonstrations_alternate_the_turns_shown(tok):
         assert count == 2 and len(ids) == len(policy)
 
 
+def test_spread_demos_covers_every_family_pair_evenly():
+    picked = arl.spread_demos(TWO, arl.DEMO_PAIRS)
+    counts = {}
+    for task in picked:
+        counts[arl.family_combination(task)] = counts.get(
+            arl.family_combination(task), 0) + 1
+    assert len(counts) == 7 and sorted(counts.values()) == [2] + [3] * 6
+    assert len({t.name for t in picked}) == arl.DEMO_PAIRS
+    assert sorted(map(arl.family_combination, arl.spread_demos(TWO, 7))) == sorted(
+        {arl.family_combination(t) for t in TWO})
+    assert arl.spread_demos(ONE, 20) == ONE
+    assert arl.family_combination(PAIR) == 'clamp+threshold'
+    assert arl.family_combination(CLAMP) == 'clamp'
+    for k in (6, 0, len(TWO) + 1):
+        with pytest.raises(ValueError, match='family combinations'):
+            arl.spread_demos(TWO, k)
+
+
+def test_make_long_base_demonstrates_every_family_pair(tok, monkeypatch):
+    seen = []
+
+    def fake_demos(tok, kinds, tasks, seed=0):
+        seen.extend(tasks)
+        return {}
+
+    monkeypatch.setattr(horizons, 'long_demonstrations', fake_demos)
+    monkeypatch.setattr(arl, 'behavior_clone', lambda model, demos, seed=0: model)
+    monkeypatch.setattr(horizons, '_LONG_BASE', {})
+    arl.make_long_base(tok)
+    pairs = [t for t in seen if len(t.parts) == 2]
+    assert len(seen) == len(ONE) + arl.DEMO_PAIRS and len(pairs) == arl.DEMO_PAIRS
+    assert {arl.family_combination(t) for t in pairs} == {
+        arl.family_combination(t) for t in TWO}
+
+
 def test_make_long_base_clones_once_and_returns_copies(tok, monkeypatch):
     calls = []
 
@@ -265,6 +300,55 @@ def test_horizon_stats_known_values(tok):
     assert stats['turns'] == pytest.approx(4.0)
     with pytest.raises(ValueError, match='at least one'):
         arl.horizon_stats([])
+
+
+def test_wasted_calls_count_a_test_before_any_read_as_a_look():
+    cases = [(['test', 'read', 'edit swap_minmax', 'edit fix_comparison', 'submit'], 0),
+             (['test', 'test', 'read', 'edit swap_minmax', 'edit fix_comparison',
+               'submit'], 1),
+             (['read', 'test', 'edit swap_minmax', 'edit fix_comparison', 'submit'], 1)]
+    for calls, wasted in cases:
+        assert arl.wasted_calls(play(PAIR, calls, max_turns=8)[2]) == wasted, calls
+
+
+def test_final_info_lists_every_part_fix_op():
+    info = play(PAIR, ['submit'])[2]
+    assert info['fix_ops'] == ['swap_minmax', 'fix_comparison']
+    assert play(CLAMP, ['submit'])[2]['fix_ops'] == ['swap_minmax']
+
+
+def test_first_edit_right_and_read_first_known_values():
+    cases = [(['read', 'edit fix_comparison', 'submit'], True, True),
+             (['edit swap_minmax', 'submit'], True, False),
+             (['edit fix_index', 'read', 'edit swap_minmax', 'submit'], False, False),
+             (['test', 'read', 'submit'], False, True),
+             (['test', 'submit'], False, False)]
+    for calls, right, reader in cases:
+        info = play(PAIR, calls)[2]
+        assert arl.first_edit_right(info) is right, calls
+        assert arl.read_first(info) is reader, calls
+
+
+def test_reading_split_known_values(tok):
+    plays = [['read', 'edit swap_minmax', 'edit fix_comparison', 'submit'],
+             ['read', 'edit swap_minmax', 'edit fix_index', 'submit'],
+             ['edit swap_minmax', 'edit fix_comparison', 'submit'],
+             ['edit fix_index', 'edit swap_minmax', 'submit'],
+             ['edit fix_index', 'edit fix_init', 'submit']]
+    split = arl.reading_split([trajectory(tok, PAIR, c) for c in plays])
+    assert (split['n_read'], split['n_unread']) == (2, 3)
+    assert split['pass_read'] == pytest.approx(0.5)
+    assert split['pass_unread'] == pytest.approx(1 / 3)
+    assert split['q'] == pytest.approx(3 / 4)
+    stats = arl.horizon_stats([trajectory(tok, PAIR, c) for c in plays])
+    assert stats['first_edit_right'] == pytest.approx(3 / 5)
+    assert arl.horizon_stats([trajectory(tok, PAIR, c) for c in plays[1:4]]
+                             )['first_edit_right'] == pytest.approx(2 / 3)
+    only_guesses = arl.reading_split([trajectory(tok, PAIR, plays[2])])
+    assert only_guesses['n_read'] == 0 and only_guesses['pass_read'] != \
+        only_guesses['pass_read']                                  # nan: nobody read
+    with pytest.raises(ValueError, match='at least one'):
+        arl.reading_split([])
 
 
 def test_sample_without_learning_is_grouped_and_reproducible(tok):
@@ -316,7 +400,12 @@ def test_call_returns_and_whiten_known_values():
     for gamma in (0.0, 1.5, -0.1):
         with pytest.raises(ValueError, match='gamma'):
             arl.call_returns(1.0, 2, gamma)
-    assert arl.whiten([1.0, 3.0]) == pytest.approx([-2 ** -0.5, 2 ** -0.5])
+    # the population std, as group_advantages: a pair whitens to -1, +1
+    assert arl.whiten([1.0, 3.0]) == pytest.approx([-1.0, 1.0])
+    rewards = torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0], dtype=arl.DTYPE)
+    assert arl.whiten(rewards.tolist()) == pytest.approx(
+        arl.group_advantages(rewards, 5).tolist(), abs=1e-5)
+    assert arl.whiten([]) == []
     assert arl.whiten([2.0, 2.0, 2.0]) == [0.0] * 3 and arl.whiten([5.0]) == [0.0]
     with pytest.raises(ValueError, match='gamma'):
         arl.DiscountedTurns(0.0)
@@ -363,12 +452,49 @@ def test_anchor_states_known_values(tok):
     step = [[a - float(episode[e]) for a in per_call(adv, batch, e)] for e in range(4)]
     # the initial state holds every episode's first call: returns .729, .6561, 0, 0
     first = torch.tensor([0.9 ** 3, 0.9 ** 4, 0.0, 0.0], dtype=arl.DTYPE)
-    z = (first - first.mean()) / first.std()
+    z = (first - first.mean()) / first.std(correction=0)
     assert [s[0] for s in step] == pytest.approx(z.tolist())
     # a submit is the only call from its state in each episode that made it: no anchor group
     assert step[2][3] == 0.0
     # B's second read shares its state with the first edits after a read: it ranks below them
     assert step[1][1] < step[0][1] and step[1][1] < step[1][2]
+
+
+def test_adjusted_rewards_are_what_compute_advantages_normalizes(tok):
+    batch, episodes = group_batch(tok, PAIR, PLAYS)
+    cfg = arl.RLConfig(group_size=4, max_turns=6, overlong_buffer=2)
+    rewards = arl.adjusted_rewards(batch, cfg)
+    # 4, 5, 4, 3 turns: 5 turns is one into the two-turn buffer
+    assert rewards.tolist() == pytest.approx([1.0, 0.5, 0.0, 0.0])
+    assert torch.allclose(arl.group_advantages(rewards, 4), arl.compute_advantages(batch, cfg))
+    batch['ref_logp'] = batch['sample_logp'] - 0.01
+    kl_cfg = arl.RLConfig(group_size=4, kl_coef=0.5, kl_placement='reward')
+    tokens = batch['action_mask'].sum(-1)
+    assert torch.allclose(arl.adjusted_rewards(batch, kl_cfg),
+                          batch['rewards'] - 0.5 * 0.01 * tokens)
+    assert torch.allclose(arl.group_advantages(arl.adjusted_rewards(batch, kl_cfg), 4),
+                          arl.compute_advantages(batch, kl_cfg))
+    assert torch.equal(arl.adjusted_rewards(batch, arl.RLConfig()), batch['rewards'])
+
+
+def test_credit_objectives_read_the_adjusted_rewards(tok):
+    batch, episodes = group_batch(tok, PAIR, PLAYS)
+    cfg = arl.RLConfig(group_size=4, max_turns=6, overlong_buffer=2)
+    adv = arl.DiscountedTurns(0.9).advantages(batch, episodes, cfg)
+    returns = [g for calls, r in zip(PLAYS, (1.0, 0.5, 0.0, 0.0))
+               for g in arl.call_returns(r, len(calls), 0.9)]
+    values = [v for e in range(4) for v in per_call(adv, batch, e)]
+    assert values == pytest.approx(arl.whiten(returns))
+    plain = arl.AnchorStates(0.9, 1.0).advantages(batch, episodes, arl.RLConfig(group_size=4))
+    shaped = arl.AnchorStates(0.9, 1.0).advantages(batch, episodes, cfg)
+    assert not torch.allclose(plain, shaped)
+    # the first calls share the initial state: returns of the adjusted rewards 1, .5, 0, 0
+    episode = arl.compute_advantages(batch, cfg)
+    step = [per_call(shaped, batch, e)[0] - float(episode[e]) for e in range(4)]
+    assert step == pytest.approx(arl.whiten([0.9 ** 3, 0.9 ** 4 * 0.5, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="adv_mode 'rloo'"):
+        arl.DiscountedTurns().advantages(batch, episodes,
+                                         arl.RLConfig(group_size=4, adv_mode='rloo'))
 
 
 def test_anchor_states_need_logged_states(tok):
@@ -405,3 +531,17 @@ def test_truncation_masked_drops_unsubmitted_episodes(tok):
                                   adv[kept], batch['action_mask'][kept], cfg)
     masked_loss, _ = objective.loss(batch['sample_logp'], batch, rows, adv, cfg)
     assert float(masked_loss) == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_truncation_masked_refuses_terms_that_would_train_on_truncated_rows(tok):
+    batch, episodes = group_batch(tok, PAIR, [['test', 'submit'], ['test', 'test']],
+                                  max_turns=2)
+    for bad in (dict(kl_coef=0.1), dict(entropy_coef=0.01)):
+        with pytest.raises(ValueError, match='KL and entropy'):
+            arl.TruncationMasked().advantages(
+                batch, episodes, arl.RLConfig(group_size=2, max_turns=2, **bad))
+    batch['ref_logp'] = batch['sample_logp']
+    adv = arl.TruncationMasked().advantages(
+        batch, episodes, arl.RLConfig(group_size=2, max_turns=2, kl_coef=0.1,
+                                      kl_placement='reward'))
+    assert adv.tolist() == [0.0, 0.0]
