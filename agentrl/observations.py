@@ -10,13 +10,18 @@ __all__ = [
     'shorten',
     'evidence_positions',
     'evidence_kept',
+    'KEYWORD_FIX',
+    'keyword_fix',
     'value_words',
     'returned_value',
     'test_report',
     'ON_MALFORMED',
     'MALFORMED_PENALTY',
+    'USAGE',
     'is_malformed',
     'ToolEnv',
+    'malformed_push',
+    'MalformedLog',
     'observation_clock',
     'forgotten',
     'ForgetfulAgent',
@@ -43,8 +48,8 @@ def tool_tokenizer():
 
 
 def shorten(text, limit, shown='ends'):
-    """At most `limit` words of text: its head, its tail or both ends (shown), with
-    CUT_MARK where words were cut."""
+    """At most `limit` words of text (its head, its tail or both ends: shown), plus
+    CUT_MARK where words were cut: limit + 1 words then."""
     if shown not in SHOWN:
         raise ValueError(f'unknown shown {shown!r}; expected one of {SHOWN}')
     if limit < 1:
@@ -76,6 +81,18 @@ def evidence_kept(task, limit, shown):
     n = len(arl.compact_source(task.source).split())
     kept = shorten(' '.join(map(str, range(n))), limit, shown).split()
     return set(evidence_positions(task)) <= {int(w) for w in kept if w != CUT_MARK}
+
+
+# one word of each family's code (never a function name) and the fix it calls for
+KEYWORD_FIX = {'max': 'swap_minmax', 'total': 'fix_range_end',
+               'count': 'fix_comparison', 'result': 'fix_init', 'item': 'fix_index'}
+
+
+def keyword_fix(text):
+    """The fix op that the KEYWORD_FIX words of text name, or None if they name none or
+    several."""
+    named = {KEYWORD_FIX[word] for word in text.split() if word in KEYWORD_FIX}
+    return named.pop() if len(named) == 1 else None
 
 
 def value_words(value):
@@ -113,6 +130,8 @@ def test_report(source, task):
 
 ON_MALFORMED = ('terse', 'explain', 'silent', 'end')
 MALFORMED_PENALTY = -0.1
+# the calls the explained answer lists; 'op' stands for one of the EDIT_OPS
+USAGE = ('read', 'test', 'edit', 'op', 'submit')
 
 
 def is_malformed(action):
@@ -166,9 +185,45 @@ class ToolEnv(arl.EditBudgetEnv):
             return ''
         if self.on_malformed == 'explain':
             accepted = (arl.EDIT_OPS if terse == arl.MESSAGES['unknown_op']
-                        else arl.TOOLS)
+                        else USAGE)
             return f"{terse} : {' '.join(accepted)}"
         return terse
+
+
+def malformed_push(advantages, malformed, passed, group_size):
+    """How one step's advantages weigh its malformed calls: advantages, malformed
+    (calls per episode), passed (bool) [B], groups of group_size -> dict of floats."""
+    if advantages.dim() != 1 or not advantages.shape == malformed.shape == passed.shape:
+        raise ValueError(f'need one advantage, count and verdict per episode [B]; got '
+                         f'{tuple(advantages.shape)}, {tuple(malformed.shape)}, '
+                         f'{tuple(passed.shape)}')
+    if group_size < 1 or len(advantages) % group_size:
+        raise ValueError(f'group_size {group_size!r} does not divide the '
+                         f'{len(advantages)} episodes into groups')
+    passless = ~passed.view(-1, group_size).any(-1).repeat_interleave(group_size)
+    weighted, episodes = advantages * malformed, len(advantages)
+    return dict(any_malformed=float((malformed > 0).sum()) / episodes,
+                malformed_push=float(weighted.sum()) / episodes,
+                push_passless=float(weighted[passless].sum()) / episodes,
+                malformed_passless=float(malformed[passless].sum()
+                                         / malformed.sum().clamp(min=1)))
+
+
+class MalformedLog(arl.Objective):
+    """Chapter 9's objective, unchanged, whose records also hold malformed_push's
+    statistics for the step."""
+
+    def advantages(self, batch, episodes, cfg):
+        advantages = super().advantages(batch, episodes, cfg)
+        rows = [arl.episode_behavior(t) for t in episodes]
+        batch['malformed_log'] = malformed_push(
+            advantages, torch.tensor([float(r['malformed']) for r in rows]),
+            torch.tensor([r['pass_rate'] == 1.0 for r in rows]), cfg.group_size)
+        return advantages
+
+    def loss(self, logp, batch, rows, advantages, cfg):
+        loss, stats = super().loss(logp, batch, rows, advantages, cfg)
+        return loss, stats | batch['malformed_log']
 
 
 def observation_clock(ids, turn_id, end_id):

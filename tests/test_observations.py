@@ -161,7 +161,7 @@ def test_tool_env_shortens_read_and_reports_tests():
 
 @pytest.mark.parametrize('on_malformed, invalid, unknown', [
     ('terse', 'invalid call', 'unknown op'),
-    ('explain', 'invalid call : read test edit submit',
+    ('explain', 'invalid call : read test edit op submit',
      'unknown op : ' + ' '.join(arl.EDIT_OPS)),
     ('silent', '', '')])
 def test_answers_to_malformed_calls(on_malformed, invalid, unknown):
@@ -367,3 +367,88 @@ def test_with_memory_copies_the_weights_and_checks_keep(tok, small):
 def test_tiny_agent_default_seams(small):
     assert small.attention_biases(torch.zeros(6, dtype=torch.long), [(2, 3)]) is None
     assert type(small.decoder(3)).__name__ == '_Lockstep'
+
+
+# the keyword rule, the explained usage, malformed_push and MalformedLog ------------------------
+
+def test_keyword_fix_names_every_family_from_its_whole_source():
+    for task in arl.make_tasks('all'):
+        assert arl.keyword_fix(arl.compact_source(task.source)) == task.fix_op
+
+
+def test_keyword_fix_known_values_and_edges():
+    assert arl.keyword_fix('return max ( a , b )') == 'swap_minmax'
+    assert arl.keyword_fix('total = 0') == 'fix_range_end'
+    assert arl.keyword_fix('') is None                         # no keyword
+    assert arl.keyword_fix('def count_up ( n ) :') is None     # names are not keywords
+    assert arl.keyword_fix('item = result') is None            # two families: no answer
+    assert arl.keyword_fix('count = count + 1') == 'fix_comparison'
+
+
+def test_shorten_adds_the_cut_mark_as_an_extra_word():
+    assert len(arl.shorten('a b c d e f', 4, 'ends').split()) == 5
+
+
+def test_explained_usage_names_edit_with_its_argument():
+    env = arl.ToolEnv(on_malformed='explain')
+    env.reset(SUM_TO)
+    assert env.step('nonsense')[0] == 'invalid call : read test edit op submit'
+
+
+def test_is_malformed_agrees_with_episode_behavior(tok):
+    calls = ['x y', 'read', 'edit nope', 'edit', 'fix_init', 'edit read', 'test',
+             'edit fix_range_end', 'submit']
+    env = arl.ToolEnv(max_turns=len(calls))
+    ids, policy = arl.episode_tokens(tok, env, SUM_TO, calls)
+    info = env.final_info(True)
+    traj = arl.Trajectory(torch.tensor(ids), torch.tensor(policy[1:], dtype=arl.DTYPE),
+                          env.reward_fn(info), info)
+    assert (sum(map(arl.is_malformed, info['actions']))
+            == arl.episode_behavior(traj)['malformed'] == 5)
+
+
+def test_malformed_push_known_values():
+    advantages = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.5, -0.5])
+    malformed = torch.tensor([1.0, 3.0, 2.0, 0.0, 0.0, 2.0])
+    passed = torch.tensor([True, False, False, False, False, False])
+    out = arl.malformed_push(advantages, malformed, passed, 2)
+    assert out['any_malformed'] == pytest.approx(4 / 6)
+    assert out['malformed_push'] == pytest.approx((1 - 3 + 0 - 1) / 6)
+    assert out['push_passless'] == pytest.approx(-1 / 6)       # the last two groups
+    assert out['malformed_passless'] == pytest.approx(4 / 8)
+
+
+def test_malformed_push_without_malformed_calls():
+    out = arl.malformed_push(torch.ones(4), torch.zeros(4), torch.zeros(4, dtype=torch.bool),
+                             4)
+    assert out == dict(any_malformed=0.0, malformed_push=0.0, push_passless=0.0,
+                       malformed_passless=0.0)
+
+
+@pytest.mark.parametrize('shapes, group_size, message', [
+    ((4, 3, 4), 2, 'one advantage, count and verdict per episode'),
+    ((4, 4, 4), 3, 'group_size 3 does not divide the 4 episodes'),
+    ((4, 4, 4), 0, 'group_size 0 does not divide')])
+def test_malformed_push_rejects_bad_input(shapes, group_size, message):
+    a, m, p = shapes
+    with pytest.raises(ValueError, match=message):
+        arl.malformed_push(torch.zeros(a), torch.zeros(m), torch.zeros(p, dtype=torch.bool),
+                           group_size)
+
+
+def test_malformed_log_changes_nothing_but_the_records(tok, small):
+    cfg = arl.RLConfig(prompts_per_step=2, group_size=4, seed=0)
+    tasks = arl.make_tasks('train')[:4]
+    runs = {}
+    for objective in (arl.Objective(), arl.MalformedLog()):
+        model = arl.TinyAgent(len(tok), d_model=16, n_layers=2, n_heads=2, d_ff=32,
+                              seed=3)
+        history = arl.train_rl(model, tasks, tok, cfg, 2, env_factory=arl.ToolEnv,
+                               objective=objective)
+        runs[type(objective).__name__] = model, history
+    (plain, plain_h), (logged, logged_h) = runs['Objective'], runs['MalformedLog']
+    for p, q in zip(plain.parameters(), logged.parameters()):
+        assert torch.equal(p, q)
+    for h, g in zip(plain_h, logged_h):
+        assert g.items() >= h.items()
+        assert 0.0 <= g['any_malformed'] <= 1.0 and 'malformed_push' in g
