@@ -277,7 +277,8 @@ def wasted_calls(info):
                       ) and not has_read
         changed = action.startswith('edit ') and answer == arl.MESSAGES['changed']
         useful += first_look or changed or action == 'submit'
-        has_read, has_tested = has_read or action == 'read', has_tested or action == 'test'
+        has_read = has_read or action == 'read'
+        has_tested = has_tested or action == 'test'
     return len(info['actions']) - useful
 
 
@@ -341,11 +342,11 @@ class TruncationMasked(arl.Objective):
         """Group advantages [B], 0 for unsubmitted episodes; batch['in_loss'] [B] marks
         the others."""
         if (cfg.kl_coef and cfg.kl_placement == 'loss') or cfg.entropy_coef:
-            raise ValueError('TruncationMasked removes episodes from the policy loss '
-                             "only; rl_update's KL and entropy terms would still train "
-                             f'on them: got kl_coef {cfg.kl_coef!r} (placement '
-                             f'{cfg.kl_placement!r}), entropy_coef {cfg.entropy_coef!r};'
-                             " use 0 or kl_placement='reward'")
+            raise ValueError(
+                'TruncationMasked removes episodes from the policy loss only; '
+                "rl_update's KL and entropy terms would still train on them: got "
+                f'kl_coef {cfg.kl_coef!r} (placement {cfg.kl_placement!r}), '
+                f"entropy_coef {cfg.entropy_coef!r}; use 0 or kl_placement='reward'")
         batch['in_loss'] = torch.tensor([float(t.info['submitted']) for t in episodes],
                                         dtype=arl.DTYPE)
         return super().advantages(batch, episodes, cfg) * batch['in_loss']
