@@ -107,10 +107,14 @@ def _free_port():
 def local_cluster(nodes=2, cpus_per_node=1, timeout=120):
     """A Ray cluster of `nodes` nodes on this machine, each started with `ray start` and
     token authentication on (RAY_AUTH_MODE=token) -> its 'host:port'. `ray stop` at the
-    end stops every Ray process of this machine."""
+    end stops every Ray process of this machine. On a machine with no token yet,
+    `ray get-auth-token --generate` first writes one to ~/.ray/auth_token."""
     import subprocess
     address = f'127.0.0.1:{_free_port()}'
     env = dict(os.environ, RAY_AUTH_MODE='token', RAY_USAGE_STATS_ENABLED='0')
+    if not {'RAY_AUTH_TOKEN', 'RAY_AUTH_TOKEN_PATH'} & set(os.environ):
+        subprocess.run(['ray', 'get-auth-token', '--generate'], env=env, check=True,
+                       capture_output=True, timeout=timeout)
     common = ['--num-cpus', str(cpus_per_node), '--node-ip-address', '127.0.0.1',
               '--disable-usage-stats']
     try:
