@@ -11,12 +11,14 @@ __all__ = [
     'train_reward_model',
     'ranking_accuracy',
     'pair_accuracy',
+    'task_pair_accuracies',
     'LearnedReward',
     'sequence_log_probs',
     'windowed',
     'best_of_n_kl',
     'best_of_n_by_score',
     'gao_fit',
+    'gao_peak',
     'dpo_loss',
     'train_dpo',
     'iterated_dpo',
@@ -39,7 +41,8 @@ import agentrl as arl
 
 def bt_loss(chosen, rejected, margin=0.0, center=0.0):
     """Bradley-Terry loss -log sigmoid(r_w - r_l - margin) averaged over pairs, plus
-    center * mean((r_w + r_l)^2): chosen, rejected [P] -> scalar."""
+    center * mean((r_w + r_l)^2): chosen, rejected [P], margin a float or [P]
+    -> scalar."""
     if chosen.dim() != 1 or chosen.shape != rejected.shape or not len(chosen):
         raise ValueError(f'need chosen and rejected scores of one shape [P] with '
                          f'P >= 1, got {tuple(chosen.shape)} and '
@@ -65,6 +68,9 @@ class RewardModel(nn.Module):
 
     def forward(self, ids, lengths):
         B, T = ids.shape
+        if lengths.shape != (B,) or not ((lengths >= 1) & (lengths <= T)).all():
+            raise ValueError(f'need lengths [B] = [{B}] in [1, {T}] (ids are [B, T]), '
+                             f'got {lengths.tolist()}')
         hidden = self.body.ln_f(self.body.hidden(ids.reshape(B * T), [(B, T)]))
         return self.score(hidden.view(B, T, -1)[torch.arange(B), lengths - 1])[:, 0]
 
@@ -144,6 +150,13 @@ def pair_accuracy(reward_model, pairs, tok):
                             - reward_scores(reward_model, batch_l))
 
 
+def task_pair_accuracies(reward_model, groups, tok):
+    """pair_accuracy within each group that holds a (solved, unsolved) pair: groups [T]
+    -> [T'] floats, T' <= T."""
+    per_group = (preference_pairs([group]) for group in groups)
+    return [pair_accuracy(reward_model, pairs, tok) for pairs in per_group if pairs]
+
+
 class LearnedReward(arl.Objective):
     """GRPO on a reward model's scores in place of the gym's reward; the update's
     statistics gain the mean score ('proxy') and the summed k1 to a frozen initial
@@ -155,7 +168,7 @@ class LearnedReward(arl.Objective):
     def prepare(self, model, batch, cfg):
         with torch.no_grad():
             batch['proxy'] = reward_scores(self.reward_model, batch)
-            init_logp = sequence_log_probs(self.init_model, batch)
+            init_logp = sequence_log_probs(self.init_model, batch, cfg.temperature)
         own_logp = (batch['sample_logp'] * batch['action_mask']).sum(-1)
         batch['kl_init'] = own_logp - init_logp
         batch['rewards'] = batch['proxy']              # what the advantages are made of
@@ -167,10 +180,10 @@ class LearnedReward(arl.Objective):
         return loss, stats
 
 
-def sequence_log_probs(model, batch):
-    """Log-probability of each episode's policy tokens at temperature 1, summed: a
-    collated batch (ids [B, T], action_mask [B, T-1]) -> [B]."""
-    logp, _ = arl.token_log_probs(model, batch['ids'], batch['lengths'], 1.0)
+def sequence_log_probs(model, batch, temperature=1.0):
+    """Summed log-probability of each episode's policy tokens at a sampling temperature:
+    a collated batch (ids [B, T], action_mask [B, T-1]) -> [B]."""
+    logp, _ = arl.token_log_probs(model, batch['ids'], batch['lengths'], temperature)
     return (logp * batch['action_mask']).sum(-1)
 
 
@@ -220,6 +233,18 @@ def gao_fit(d, gain, form):
     return alpha, beta
 
 
+def gao_peak(alpha, beta, form):
+    """Where a fitted gold gain peaks at d > 0 -> (d, gain), None if it never turns
+    down: 'bon' d (alpha - beta d) at alpha / (2 beta), 'rl' d (alpha - beta log d) at
+    exp(alpha / beta - 1)."""
+    if form not in ('bon', 'rl'):
+        raise ValueError(f"unknown form {form!r}; expected 'bon' or 'rl'")
+    if beta <= 0 or (form == 'bon' and alpha <= 0):
+        return None                                # rises for ever, or falls from d = 0
+    d = alpha / (2 * beta) if form == 'bon' else math.exp(alpha / beta - 1)
+    return d, d * (alpha - beta * (d if form == 'bon' else math.log(d)))
+
+
 def dpo_loss(policy_w, policy_l, ref_w, ref_l, beta):
     """DPO's loss from summed log-probs [P] of the chosen (w) and rejected (l) episodes
     under the policy and the reference -> (scalar loss, implicit reward margins [P])."""
@@ -263,18 +288,24 @@ def train_dpo(model, pairs, tok, beta, epochs=2, lr=1e-3, batch_size=16, seed=0,
     return policy, losses
 
 
-def iterated_dpo(model, tasks, tok, cfg, beta, rounds, n=16, max_pairs=256, seed=0):
-    """Rounds of DPO, each on pairs from the current policy's own episodes (n per task)
-    against the previous round's policy -> (policy, [pairs available each round])."""
+def iterated_dpo(model, tasks, tok, cfg, beta, rounds, n=16, max_pairs=256, seed=0,
+                 reference='previous'):
+    """Rounds of DPO, each on pairs from the current policy's own episodes (n per task),
+    against the previous round's policy ('previous') or model itself ('initial')
+    -> (policy, [pairs available each round])."""
+    if reference not in ('previous', 'initial'):
+        raise ValueError(f"reference must be 'previous' or 'initial', got "
+                         f"{reference!r}")
     policy, available = model, []
     for round_ in range(rounds):
-        groups = sample_prompt_groups(policy, tasks, tok, cfg, n,
-                                      seed=1000 * seed + round_)
+        round_seed = 1000 * seed + round_
+        groups = sample_prompt_groups(policy, tasks, tok, cfg, n, seed=round_seed)
         pairs = preference_pairs(groups)
         available.append(len(pairs))
         if pairs:
             chosen = preference_pairs(groups, min(max_pairs, len(pairs)), seed=round_)
-            policy, _ = train_dpo(policy, chosen, tok, beta, seed=seed)
+            policy, _ = train_dpo(policy, chosen, tok, beta, seed=round_seed,
+                                  ref_model=model if reference == 'initial' else None)
     return policy, available
 
 
@@ -290,10 +321,11 @@ def implicit_reward_accuracy(model, ref_model, pairs, tok):
 
 @torch.no_grad()
 def sampled_kl(model, ref_model, tasks, tok, cfg, n, seed=0):
-    """KL(pi || pi_ref) over whole episodes from n of model's own episodes per task: the
-    mean over episodes of the summed log pi - log pi_ref of the policy tokens."""
+    """KL(pi || pi_ref) over whole episodes from n of model's own episodes per task
+    (both at cfg.temperature): the mean over episodes of the summed log pi - log pi_ref
+    of the policy tokens."""
     groups = sample_prompt_groups(model, tasks, tok, cfg, n, seed)
     episodes = [t for group in groups for t in group]
     batch = arl.collate(episodes, tok.pad_id)
     own = (batch['sample_logp'] * batch['action_mask']).sum(-1)
-    return (own - sequence_log_probs(ref_model, batch)).mean().item()
+    return (own - sequence_log_probs(ref_model, batch, cfg.temperature)).mean().item()

@@ -411,7 +411,7 @@ def test_iterated_dpo_one_round_is_train_dpo_on_its_own_pairs(monkeypatch):
     groups = pf.sample_prompt_groups(model, TRAIN[:3], TOK, cfg, 4, seed=2000)
     assert available == [len(pf.preference_pairs(groups))] and available[0] > 0
     pairs = pf.preference_pairs(groups, min(5, available[0]), seed=0)
-    expected, _ = pf.train_dpo(model, pairs, TOK, 0.1, seed=2)
+    expected, _ = pf.train_dpo(model, pairs, TOK, 0.1, seed=2000)
     assert all(torch.equal(a, b) for a, b in zip(policy.parameters(),
                                                  expected.parameters()))
 
@@ -434,7 +434,7 @@ def test_iterated_dpo_rounds_use_the_last_policy(monkeypatch):
     groups = pf.sample_prompt_groups(first, TRAIN[:3], TOK, cfg, 4, seed=1)
     assert len(available) == 2 and available[1] == len(pf.preference_pairs(groups))
     pairs = pf.preference_pairs(groups, min(5, available[1]), seed=1)
-    expected, _ = pf.train_dpo(first, pairs, TOK, 0.1, seed=0)
+    expected, _ = pf.train_dpo(first, pairs, TOK, 0.1, seed=1)
     assert all(torch.equal(a, b) for a, b in zip(policy.parameters(),
                                                  expected.parameters()))
 
@@ -444,3 +444,81 @@ def test_sampled_kl_of_a_policy_to_itself_is_zero():
     assert abs(pf.sampled_kl(model, model, TRAIN[:3], TOK, small_cfg(), 4)) < 1e-9
     other = tiny_agent(1)
     assert pf.sampled_kl(model, other, TRAIN[:3], TOK, small_cfg(), 8) > 0
+
+
+def test_iterated_dpo_initial_reference_and_bad_reference(monkeypatch):
+    solved_by_fiat(monkeypatch)
+    model, cfg = tiny_agent(), small_cfg()
+    references = []
+    train = pf.train_dpo
+    monkeypatch.setattr(pf, 'train_dpo', lambda policy, *a, ref_model=None, **k:
+                        references.append(ref_model) or train(policy, *a,
+                                                              ref_model=ref_model, **k))
+    pf.iterated_dpo(model, TRAIN[:3], TOK, cfg, 0.1, 2, n=4, max_pairs=5,
+                    reference='initial')
+    pf.iterated_dpo(model, TRAIN[:3], TOK, cfg, 0.1, 2, n=4, max_pairs=5)
+    assert references[:2] == [model, model] and references[2:] == [None, None]
+    with pytest.raises(ValueError, match="'previous' or 'initial'"):
+        pf.iterated_dpo(model, TRAIN[:3], TOK, cfg, 0.1, 1, reference='first')
+
+
+def test_gao_peak_known_values_and_no_peak():
+    d, gain = pf.gao_peak(0.5, 0.25, 'bon')                    # d (0.5 - 0.25 d)
+    assert d == pytest.approx(1.0) and gain == pytest.approx(0.25)
+    d, gain = pf.gao_peak(0.3, 0.1, 'rl')                      # peak at e^2, gain beta d
+    assert d == pytest.approx(math.exp(2.0)) and gain == pytest.approx(0.1 * math.exp(2))
+    grid = torch.linspace(0.01, 20, 200001, dtype=D)
+    for alpha, beta, form in ((0.5, 0.25, 'bon'), (0.3, 0.1, 'rl'), (-0.2, 0.3, 'rl')):
+        curve = grid * (alpha - beta * (grid if form == 'bon' else grid.log()))
+        d, gain = pf.gao_peak(alpha, beta, form)
+        assert float(grid[curve.argmax()]) == pytest.approx(d, abs=1e-3)
+        assert float(curve.max()) == pytest.approx(gain, abs=1e-8)
+    assert pf.gao_peak(0.5, -0.1, 'bon') is None and pf.gao_peak(-0.5, 0.1, 'bon') is None
+    assert pf.gao_peak(0.5, 0.0, 'rl') is None
+    with pytest.raises(ValueError, match="'bon' or 'rl'"):
+        pf.gao_peak(0.5, 0.1, 'ppo')
+
+
+def test_task_pair_accuracies_one_per_group_with_pairs():
+    class Scored:                   # a stand-in reward model: each episode's score is set
+        pass
+    groups = [[FakeEpisode('a', True), FakeEpisode('b', False)],
+              [FakeEpisode('c', False), FakeEpisode('d', False)],
+              [FakeEpisode('e', True), FakeEpisode('f', False), FakeEpisode('g', False)]]
+    calls = []
+    original = pf.pair_accuracy
+    try:
+        pf.pair_accuracy = lambda rm, pairs, tok: calls.append(pairs) or len(pairs) / 10
+        assert pf.task_pair_accuracies(Scored(), groups, TOK) == [0.1, 0.2]
+    finally:
+        pf.pair_accuracy = original
+    assert [[(w.name, l.name) for w, l in pairs] for pairs in calls] == [
+        [('a', 'b')], [('e', 'f'), ('e', 'g')]]
+
+
+def test_sequence_log_probs_at_a_temperature(groups):
+    model = tiny_agent()
+    batch = arl.collate([e for g in groups for e in g], TOK.pad_id)
+    with torch.no_grad():
+        logits = model(batch['ids']) / 0.7
+        logp = torch.log_softmax(logits[:, :-1], -1).gather(
+            -1, batch['ids'][:, 1:, None])[..., 0]
+        expected = (logp * batch['action_mask']).sum(-1)
+        assert torch.allclose(pf.sequence_log_probs(model, batch, 0.7), expected,
+                              atol=1e-9)
+
+
+def test_sampled_kl_at_a_temperature_is_zero_to_itself():
+    cfg = small_cfg(temperature=0.7)
+    model = tiny_agent()
+    assert abs(pf.sampled_kl(model, model, TRAIN[:3], TOK, cfg, 4)) < 1e-9
+
+
+def test_reward_model_rejects_bad_lengths(groups):
+    rm = pf.RewardModel(tiny_agent())
+    batch = arl.collate(groups[0], TOK.pad_id)
+    T = batch['ids'].shape[1]
+    for lengths in (batch['lengths'][:-1], torch.zeros_like(batch['lengths']),
+                    batch['lengths'] + T):
+        with pytest.raises(ValueError, match='lengths'):
+            rm(batch['ids'], lengths)
