@@ -10,7 +10,9 @@ tasks, evaluates on the held-out tasks every ``--eval-every`` steps (4 episodes 
 writes the run folder ``--out``, whole or not at all (``agentrl.runs``: built as a hidden
 ``.partial`` folder, fsynced, renamed into place at the end):
 
-    history.json   one dict of statistics per step (train_rl's history; keys in the README)
+    history.json   one dict of statistics per step (train_rl's history; keys in the README),
+                   with chapter 19's two invariants (arl.Audited): loss_token_ratio and
+                   start_logp_gap
     config.json    the RLConfig as a dict, plus variant, base, base_seed, steps, eval_every
     eval.json      final held-out evaluation, 8 episodes per task (evaluate's statistics),
                    with split, n_tasks, n_samples, seed
@@ -24,6 +26,9 @@ options (``--steps`` may grow), and ends identical to a run never stopped. An ex
 ``--out`` is refused unless ``--overwrite`` (which replaces a run folder, never other files).
 Ctrl-C stops the run with one line saying what is kept. Two runs cannot write one ``--out``. The base agent is cached on disk
 (``agentrl.policies.base_agent``), so only the first run of a base and seed clones it.
+
+At the end the run's history goes through chapter 19's ``diagnose``, which prints its findings
+(or that there are none); ``python -m agentrl.diagnose RUN_DIR`` reads a finished run the same way.
 
 This module is hand-written (not tangled from a chapter).
 """
@@ -380,8 +385,9 @@ def run(args, cfg, done=None):
                                            say=lambda line: print(line, flush=True)), {}
     done[0] = len(state.get('history', []))
     done[1] = done[0] if args.resume else None                 # its checkpoint is still there
+    # Audited: two invariants per step in history.json, for diagnose (chapter 19)
     kwargs = dict(eval_tasks=heldout_tasks, eval_every=args.eval_every or args.steps,
-                  log_every=args.log_every, state=state)
+                  log_every=args.log_every, state=state, objective=arl.Audited())
     bar, show = _progress(args.steps, args.no_progress, done)
     bar.update(done[0])
     keep = _checkpointing(args, model, state, config, done)
@@ -405,6 +411,7 @@ def run(args, cfg, done=None):
     print(f"done: {args.steps} steps | reward (last step) {last['reward']:.3f} | "
           f"held-out pass@1 ({EVAL_SAMPLES} episodes per task) {held['pass_rate']:.3f}")
     print(f"wrote {out}/: {' '.join(runs.RUN_FILES)}")
+    arl.report(arl.diagnose(history, cfg))                     # chapter 19's checks
     return out
 
 

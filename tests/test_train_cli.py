@@ -43,6 +43,20 @@ def test_cli_run_succeeds_and_prints_paths(cli_run):
     assert '\r' not in result.stderr and 'train_rl' not in result.stderr     # no bar off a terminal
     assert 'held-out pass@1 (8 episodes per task)' in result.stdout
     assert not list(out.parent.glob('.*partial'))
+    last = result.stdout.strip().splitlines()[-1]                   # chapter 19's findings
+    assert last.startswith('diagnose: ') or last.startswith('    '), last
+
+
+def test_cli_history_holds_the_audit_and_the_diagnose_command_reads_the_run(cli_run):
+    _, out = cli_run
+    record = json.loads((out / 'history.json').read_text())[0]
+    if 'grad_norm' in record:                                       # the step learned
+        assert record['loss_token_ratio'] == 1.0 and 0 <= record['start_logp_gap'] < 1e-6
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, '-m', 'agentrl.diagnose', str(out)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode in (0, 1) and done.stdout.startswith(f'{out}:'), done.stderr
+    assert 'diagnose: ' in done.stdout
 
 
 def test_cli_history_json(cli_run):
