@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,12 @@ REPO = Path(__file__).resolve().parent.parent
 EPS64 = 2.0 ** -52                     # float64 machine epsilon (torch.finfo(torch.float64).eps)
 FIXTURE = REPO / "tests" / "fixtures" / "book"
 sys.path.insert(0, str(REPO / "tools"))
+
+# A test command started in the background (`bash tools/test_all.sh &`) inherits SIGINT ignored,
+# and Python then installs no KeyboardInterrupt handler, in this process or in the commands it
+# starts: the Ctrl-C tests would fail for how the suite was launched. Restore the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 if not os.environ.get("AGENTRL_CACHE"):         # base agents cached for this test run only
     import atexit
