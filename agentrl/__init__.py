@@ -26,3 +26,4 @@ from .warmstart import *  # book/16-warm-starts-and-distillation.md
 from .evalstats import *  # book/17-evaluation.md
 from .preferences import *  # book/18-reward-models-and-preferences.md
 from .debugging import *  # book/19-debugging-rl-runs.md
+from .frontier import *  # book/20-frontier.md

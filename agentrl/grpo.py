@@ -54,7 +54,7 @@ import agentrl as arl
 
 
 ADV_MODES = ('grpo', 'mean', 'rloo')
-RATIO_LEVELS = ('token', 'sequence')
+RATIO_LEVELS = ('token', 'sequence', 'cispo')
 KL_KINDS = ('k1', 'k2', 'k3')
 KL_PLACEMENTS = ('loss', 'reward')
 
@@ -86,7 +86,8 @@ class RLConfig:
     # at most this many sampling rounds per step with dynamic_sampling
     max_sample_rounds: int = 4
     # the update
-    # importance ratios per 'token' (PPO, GRPO) or per 'sequence' (GSPO)
+    # importance ratios per 'token' (PPO, GRPO) or per 'sequence' (GSPO); 'cispo':
+    # token ratios as clipped weights that carry no gradient (Chapter 20)
     ratio_level: str = 'token'
     clip_low: float = 0.2
     clip_high: float = 0.2
@@ -131,9 +132,12 @@ class RLConfig:
         if self.temperature <= 0 or self.lr <= 0:
             raise ValueError(f'temperature and lr must be positive, '
                              f'got {self.temperature!r} and {self.lr!r}')
-        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
-            raise ValueError(f'need 0 <= clip_low < 1 and clip_high >= 0, '
-                             f'got {self.clip_low!r} and {self.clip_high!r}')
+        # CISPO may drop its lower bound: a weight clamped at 0 never binds
+        top = 1 if self.ratio_level == 'cispo' else 0
+        if not (0 <= self.clip_low < 1 or self.clip_low == top) or self.clip_high < 0:
+            raise ValueError(f'need 0 <= clip_low < 1 (or 1 for cispo) and '
+                             f'clip_high >= 0, got {self.clip_low!r} and '
+                             f'{self.clip_high!r}')
         if not 0 <= self.overlong_buffer <= self.max_turns:
             raise ValueError(f'overlong_buffer must be in '
                              f'[0, max_turns={self.max_turns}], '
@@ -237,20 +241,22 @@ def kl_penalty(logp, ref_logp, kind='k3'):
 
 
 def policy_loss(logp, old_logp, advantages, mask, cfg):
-    """PPO's clipped surrogate on token ratios, or GSPO's on sequence ratios: logp,
-    old_logp, mask [B, T]; advantages [B]."""
+    """PPO's clipped surrogate on token ratios, GSPO's on sequence ratios, or CISPO's
+    clipped weights (Chapter 20): logp, old_logp, mask [B, T]; advantages [B]."""
     if cfg.ratio_level == 'sequence':
         return gspo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low,
                                 cfg.clip_high)
-    if cfg.ratio_level != 'token':
+    if cfg.ratio_level not in ('token', 'cispo'):
         raise ValueError(f'unknown ratio_level {cfg.ratio_level!r}; '
                          f'expected one of {RATIO_LEVELS}')
     norm_const = cfg.norm_const
     # the most policy tokens these rows could hold
     if norm_const is None:
         norm_const = logp.shape[0] * cfg.max_turns * arl.MAX_CALL_TOKENS
-    return arl.ppo_policy_loss(logp, old_logp, advantages, mask, cfg.clip_low,
-                               cfg.clip_high, cfg.loss_mode, norm_const=norm_const)
+    token_loss = (arl.cispo_policy_loss if cfg.ratio_level == 'cispo'
+                  else arl.ppo_policy_loss)
+    return token_loss(logp, old_logp, advantages, mask, cfg.clip_low, cfg.clip_high,
+                      cfg.loss_mode, norm_const=norm_const)
 
 
 class Objective:

@@ -554,7 +554,9 @@ def to_trl(cfg, processes=1, use_cpu=None):
                   per_device_train_batch_size=_per_step(cfg, processes),
                   steps_per_generation=cfg.minibatches, num_iterations=cfg.epochs,
                   temperature=cfg.temperature, epsilon=cfg.clip_low,
-                  epsilon_high=cfg.clip_high, importance_sampling_level=cfg.ratio_level,
+                  epsilon_high=cfg.clip_high,
+                  importance_sampling_level='sequence' if cfg.ratio_level == 'sequence'
+                  else 'token',
                   learning_rate=cfg.lr, lr_scheduler_type='constant',
                   max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, beta=0.0)
     if not torch.cuda.is_available() if use_cpu is None else use_cpu:
@@ -564,6 +566,8 @@ def to_trl(cfg, processes=1, use_cpu=None):
                            'trl.rewards.get_soft_overlong_punishment',
                            'dr_grpo divides by max_completion_length, which also cuts '
                            'completions')
+    if cfg.ratio_level == 'cispo':
+        _trl_cispo(cfg, kwargs, missing)
     if cfg.adv_mode == 'rloo':
         missing['adv_mode'] = ("GRPOTrainer has no leave-one-out baseline "
                                "(TRL's RLOOTrainer)")
@@ -571,7 +575,9 @@ def to_trl(cfg, processes=1, use_cpu=None):
         kwargs['scale_rewards'] = 'group' if cfg.adv_mode == 'grpo' else 'none'
     if cfg.adv_mode == 'grpo':
         missing['adv_mode'] = 'TRL ' + GROUP_STD.format(eps='1e-4')
-    if cfg.loss_mode in TRL_LOSS:
+    if cfg.ratio_level == 'cispo':
+        pass                           # loss_type 'cispo' fixes the aggregation
+    elif cfg.loss_mode in TRL_LOSS:
         kwargs['loss_type'] = TRL_LOSS[cfg.loss_mode]
     else:
         missing['loss_mode'] = (f'no TRL loss_type sums tokens per sequence '
@@ -589,6 +595,18 @@ def to_trl(cfg, processes=1, use_cpu=None):
             'no flag; TRL logs frac_reward_zero_std, the share of groups it would '
             'filter')
     return kwargs, missing
+
+
+def _trl_cispo(cfg, kwargs, missing):
+    """TRL's CISPO: loss_type 'cispo' caps the weight at epsilon_high (a ratio, not a
+    distance from 1) and has no lower clamp; it takes the token mean over the batch."""
+    kwargs.update(loss_type='cispo', epsilon_high=1.0 + cfg.clip_high)
+    if cfg.clip_low < 1.0:
+        missing['clip_low'] = (f"TRL's cispo has no lower clamp of the weight; ours "
+                               f"clamps it at 1 - clip_low = {1.0 - cfg.clip_low:g}")
+    if cfg.loss_mode != 'token_mean':
+        missing['loss_mode'] = (f"TRL's cispo averages over the batch's tokens "
+                                f"(token_mean), not {cfg.loss_mode}")
 
 
 def _not_carried(cfg, trainer, environment, overlong, constant=None):
@@ -633,8 +651,9 @@ def to_verl(cfg):
              (f'{actor}.shuffle', True)]       # ours draws new minibatches each epoch
     if cfg.loss_mode == 'constant':
         pairs.append((f'{actor}.loss_scale_factor', _scale_factor(cfg)))
-    if cfg.ratio_level == 'sequence':
-        pairs.append((f'{actor}.policy_loss.loss_mode', 'gspo'))
+    if cfg.ratio_level in ('sequence', 'cispo'):
+        pairs.append((f'{actor}.policy_loss.loss_mode',
+                      {'sequence': 'gspo', 'cispo': 'cispo'}[cfg.ratio_level]))
     in_loss = bool(cfg.kl_coef) and cfg.kl_placement == 'loss'
     pairs += [(f'{actor}.use_kl_loss', in_loss),
               ('algorithm.use_kl_in_reward', bool(cfg.kl_coef) and not in_loss)]
@@ -649,9 +668,10 @@ def to_verl(cfg):
                            "reward.reward_manager.name=dapo")
     missing['seed'] = ('data.seed and actor.data_loader_seed carry the shuffling; '
                        'verl 0.8 has no seed for the rollout engine\'s sampling')
-    missing['clip_low'] = ('verl also caps the loss of negative-advantage tokens at '
-                           'ratio actor.clip_ratio_c (3.0, dual-clip PPO); ours does '
-                           'not')
+    if cfg.ratio_level != 'cispo':     # verl's cispo loss has no dual clip
+        missing['clip_low'] = ('verl also caps the loss of negative-advantage tokens '
+                               'at ratio actor.clip_ratio_c (3.0, dual-clip PPO); ours '
+                               'does not')
     if cfg.loss_mode != 'token_mean' and (cfg.kl_coef or cfg.entropy_coef):
         missing['loss_mode'] = ('verl aggregates the KL and entropy terms by '
                                 'loss_agg_mode too; ours takes their token mean')
@@ -703,6 +723,9 @@ def to_openrlhf(cfg):
     if cfg.loss_mode not in OPENRLHF_LOSS:
         missing['loss_mode'] = (f'--actor.loss_agg_mode has token-mean and '
                                 f'seq-mean-token-mean only ({cfg.loss_mode})')
+    if cfg.ratio_level == 'cispo':
+        missing['ratio_level'] = ("--actor.policy_loss_type is 'ppo' or 'gspo' in "
+                                  "OpenRLHF 0.11: no CISPO loss (the flags give PPO's)")
     if cfg.adv_mode == 'grpo':
         missing['adv_mode'] = 'OpenRLHF ' + GROUP_STD.format(eps='1e-9')
     if cfg.kl_coef and cfg.kl_placement == 'reward':

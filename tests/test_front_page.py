@@ -14,7 +14,8 @@ from conftest import REPO
 
 WORDS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
          "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
-         "eighteen", "nineteen", "twenty"]
+         "eighteen", "nineteen", "twenty", "twenty-one", "twenty-two", "twenty-three",
+         "twenty-four", "twenty-five"]
 LABEL_REF = re.compile(r"<(ch-[a-z0-9-]+)>`")
 CHAPTER_NUMBER = re.compile(r"\b[Cc]hapters? (\d+)\b")
 

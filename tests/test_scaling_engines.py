@@ -153,6 +153,14 @@ def test_to_trl_builds_a_grpo_config_with_our_values():
     assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode'}      # N-1 std: reported
 
 
+def test_to_trl_builds_trls_cispo_config():
+    kwargs, missing = arl.to_trl(arl.RLConfig(ratio_level='cispo', clip_low=1.0, clip_high=4.0))
+    trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
+    assert trl_cfg.loss_type == 'cispo' and trl_cfg.epsilon_high == 5.0
+    assert trl_cfg.importance_sampling_level == 'token'
+    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode'}
+
+
 def test_to_trl_reports_what_it_cannot_carry():
     cfg = arl.RLConfig(adv_mode='rloo', loss_mode='seq_mean_token_sum', kl_coef=0.1,
                        kl_kind='k1', entropy_coef=0.01, dynamic_sampling=True,
