@@ -12,6 +12,16 @@ __all__ = [
     'REINFORCE_BASELINES',
     'reinforce_step',
     'train_reinforce',
+    'ALTERNATIVES',
+    't_tail',
+    't_quantile',
+    'paired_power',
+    'seeds_for_power',
+    'paired_sign_flip_p',
+    'PairedComparison',
+    'compare_paired',
+    'reinforce_many',
+    'pass_rate_gap',
 ]
 
 
@@ -164,3 +174,170 @@ def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task
                   f"first edit right {record['first_edit_right']:.2f} | "
                   f"entropy {record['entropy']:.3f}")
     return history
+
+
+import copy
+import dataclasses
+import itertools
+import math
+import statistics
+from agentrl.plumbing import WorkerPool
+
+ALTERNATIVES = ('greater', 'less', 'two-sided')
+
+
+def _check_test(alpha, alternative):
+    """Raise ValueError unless 0 < alpha < 1 and alternative is one of ALTERNATIVES."""
+    if not 0 < alpha < 1:
+        raise ValueError(f'alpha must be in (0, 1), got {alpha!r}')
+    if alternative not in ALTERNATIVES:
+        raise ValueError(f'unknown alternative {alternative!r}; expected one of '
+                         f'{ALTERNATIVES}')
+
+
+def t_tail(c, df, shift=0.0, grid=2000):
+    """P(T > c) for T = (Z + shift) / U, U = sqrt(chi2_df / df): Student's t when
+    shift = 0, noncentral t otherwise; Simpson's rule over U's density."""
+    if df < 1:
+        raise ValueError(f'degrees of freedom must be at least 1, got {df!r}')
+    u = torch.linspace(0, 1 + 12 / math.sqrt(df), grid + 1, dtype=torch.float64)
+    log_norm = math.log(2) + (df / 2) * math.log(df / 2) - math.lgamma(df / 2)
+    # [grid + 1]; chi's density is 0 at u = 0 unless df = 1
+    density = torch.exp(log_norm + (df - 1) * torch.log(u) - df * u * u / 2)
+    density[0] = math.exp(log_norm) if df == 1 else 0.0
+    upper = 0.5 * torch.special.erfc((c * u - shift) / math.sqrt(2))
+    weights = torch.ones_like(u)
+    weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
+    return ((weights * density * upper).sum() * (u[1] - u[0]) / 3).item()
+
+
+def t_quantile(q, df):
+    """The q-quantile of Student's t with df degrees of freedom (bisects t_tail)."""
+    if not 0 < q < 1:
+        raise ValueError(f'q must be in (0, 1), got {q!r}')
+    low, high = -1e3, 1e3
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if 1 - t_tail(mid, df) < q else (low, mid)
+    return (low + high) / 2
+
+
+def paired_power(effect, sd, n, alpha=0.05, alternative='greater'):
+    """Power of the paired t test of n differences with mean effect and sd sd (effect
+    signed in the predicted direction), by the noncentral t distribution."""
+    _check_test(alpha, alternative)
+    if n < 2 or sd <= 0:
+        raise ValueError(f'need n >= 2 pairs and sd > 0, got n={n!r}, sd={sd!r}')
+    shift = abs(effect) * math.sqrt(n) / sd
+    if alternative == 'two-sided':
+        c = t_quantile(1 - alpha / 2, n - 1)
+        return t_tail(c, n - 1, shift) + t_tail(c, n - 1, -shift)
+    return t_tail(t_quantile(1 - alpha, n - 1), n - 1, shift)
+
+
+def seeds_for_power(effect, sd, alpha=0.05, power=0.8, alternative='greater',
+                    at_least=5, at_most=20):
+    """Fewest paired seeds n in [at_least, at_most] whose paired_power reaches power,
+    and that exact sign flips can reject at alpha -> n (at_most if none does)."""
+    floor = 1 if alternative != 'two-sided' else 2       # the smallest p is floor / 2^n
+    for n in range(max(at_least, 2), at_most + 1):
+        if floor / 2 ** n <= alpha and paired_power(effect, sd, n, alpha,
+                                                    alternative) >= power:
+            return n
+    return at_most
+
+
+def paired_sign_flip_p(d, alternative='greater'):
+    """Exact sign-flip p of paired differences d [n]: the share of the 2^n sign
+    patterns whose mean is at least as extreme as mean(d), in the alternative's
+    direction."""
+    _check_test(0.5, alternative)
+    d = torch.as_tensor(d, dtype=torch.float64)
+    if d.dim() != 1 or not 1 <= len(d) <= 20:
+        raise ValueError(f'need 1 to 20 differences in a 1-D list, got shape '
+                         f'{tuple(d.shape)}')
+    signs = torch.tensor(list(itertools.product((1.0, -1.0), repeat=len(d))),
+                         dtype=torch.float64)
+    means, observed = (signs * d).mean(-1), d.mean()
+    slack = 1e-12 * max(1.0, d.abs().max().item())        # ties count as extreme
+    if alternative == 'greater':
+        return (means >= observed - slack).double().mean().item()
+    if alternative == 'less':
+        return (means <= observed + slack).double().mean().item()
+    return (means.abs() >= observed.abs() - slack).double().mean().item()
+
+
+@dataclasses.dataclass(frozen=True)
+class PairedComparison:
+    """A headline's result: treatment minus control over n paired seeds."""
+    n: int
+    mean: float
+    se: float
+    low: float
+    high: float
+    p: float
+    alpha: float
+    alternative: str
+
+    @property
+    def established(self):
+        """Whether the exact sign-flip p is at most alpha."""
+        return self.p <= self.alpha
+
+    def verdict(self, digits=3):
+        """The verdict sentence, built from the numbers."""
+        f = lambda x: f'{x:+.{digits}f}'
+        said = 'established' if self.established else 'not established'
+        return (f'{said} at α = {self.alpha:g} (p = {self.p:.4f}): difference '
+                f'{f(self.mean)}, 95% interval [{f(self.low)}, {f(self.high)}]')
+
+    def report(self, digits=3):
+        """Two lines: the statistics, then the verdict."""
+        return (f'{self.n} paired seeds | mean difference {self.mean:+.{digits}f} | '
+                f'SE {self.se:.{digits}f} | sign-flip p ({self.alternative}) '
+                f'{self.p:.4f}\n' + self.verdict(digits))
+
+
+def compare_paired(control, treatment, alpha=0.05, alternative='greater'):
+    """Headline comparison of treatment - control over paired seeds [n]: mean, SE,
+    95% t interval, exact sign-flip p -> PairedComparison."""
+    _check_test(alpha, alternative)
+    if len(control) != len(treatment) or len(control) < 2:
+        raise ValueError(f'need two score lists of one length >= 2 (one per seed), got '
+                         f'{len(control)} and {len(treatment)}')
+    d = [float(b) - float(a) for a, b in zip(control, treatment)]
+    n, mean = len(d), statistics.fmean(d)
+    se = statistics.stdev(d) / math.sqrt(n)
+    half = t_quantile(0.975, n - 1) * se
+    return PairedComparison(n, mean, se, mean - half, mean + half,
+                            paired_sign_flip_p(d, alternative), alpha, alternative)
+
+
+def reinforce_many(model, tasks, tok, runs, processes=2, executor=None):
+    """train_reinforce from a copy of model once per dict of its keywords in runs, in
+    worker processes -> [(trained model, history)]; executor(function, jobs) runs
+    them elsewhere (e.g. a WorkerPool kept open), None: a pool of `processes`."""
+    if processes < 1:
+        raise ValueError(f'processes must be at least 1, got {processes!r}')
+    jobs = [(model, tasks, tok, dict(run)) for run in runs]
+    if executor is not None:
+        return executor(arl.policy_gradient._reinforce_copy, jobs)
+    if processes == 1 or len(jobs) == 1:
+        return [_reinforce_copy(*job) for job in jobs]
+    with WorkerPool(min(processes, len(jobs))) as pool:
+        return list(pool(arl.policy_gradient._reinforce_copy, jobs))
+
+
+def _reinforce_copy(model, tasks, tok, run):
+    """train_reinforce on a copy of model with run's keywords -> (copy, history)."""
+    model = copy.deepcopy(model)
+    return model, train_reinforce(model, tasks, tok, **run)
+
+
+def pass_rate_gap(model, train_tasks, heldout_tasks, tok, seed, episodes=640):
+    """Pass rate on train_tasks minus on heldout_tasks, `episodes` spread evenly over
+    each list, sampled with generator seed `seed` -> float."""
+    rates = [episode_stats(sample_episodes(
+        model, tasks, tok, episodes // len(tasks), torch.Generator().manual_seed(seed)))
+        ['pass_rate'] for tasks in (train_tasks, heldout_tasks)]
+    return rates[0] - rates[1]

@@ -234,3 +234,138 @@ def test_reinforce_step_loss_known_value(gym_setup, loss_mode):
     m = copy.deepcopy(model)
     out = arl.reinforce_step(m, torch.optim.SGD(m.parameters(), lr=0.0), trajs, tok, 'mean', loss_mode, max_turns=3)
     assert out['loss'] == pytest.approx(expected.item(), abs=1e-10)
+
+
+# the headline statistics (chapter 6's section on headline experiments) ------------------------
+
+scipy_stats = pytest.importorskip('scipy.stats')
+
+
+@pytest.mark.parametrize('df', [1, 2, 3, 7, 11, 30, 120])
+@pytest.mark.parametrize('shift', [0.0, -1.0, 1.3, 3.5])
+def test_t_tail_matches_scipy_student_and_noncentral_t(df, shift):
+    for c in (-2.0, 0.0, 0.5, 1.7, 3.0, 6.0):
+        want = scipy_stats.nct.sf(c, df, shift) if shift else scipy_stats.t.sf(c, df)
+        # Simpson's rule on 2000 panels of a smooth integrand: far below 1e-8 here
+        assert arl.t_tail(c, df, shift) == pytest.approx(want, abs=1e-8)
+
+
+@pytest.mark.parametrize('df', [1, 4, 11, 15])
+def test_t_quantile_matches_scipy(df):
+    for q in (0.025, 0.5, 0.95, 0.975):
+        want = scipy_stats.t.ppf(q, df)
+        # a tail error of at most 1e-8 moves the quantile by at most 1e-8 / density there
+        tol = 1e-8 / scipy_stats.t.pdf(want, df) + 1e-9
+        assert arl.t_quantile(q, df) == pytest.approx(want, abs=tol)
+
+
+def test_paired_power_matches_the_noncentral_t_and_grows_with_seeds():
+    for n, effect, sd in ((5, 0.1, 0.1), (12, 0.05, 0.056), (16, -0.03, 0.05)):
+        crit = scipy_stats.t.ppf(0.95, n - 1)
+        want = scipy_stats.nct.sf(crit, n - 1, abs(effect) * n ** 0.5 / sd)
+        assert arl.paired_power(effect, sd, n) == pytest.approx(want, abs=1e-6)
+    two = scipy_stats.t.ppf(0.975, 9)
+    lam = 0.05 * 10 ** 0.5 / 0.06
+    want = scipy_stats.nct.sf(two, 9, lam) + scipy_stats.nct.cdf(-two, 9, lam)
+    assert arl.paired_power(0.05, 0.06, 10, alternative='two-sided') == pytest.approx(want, abs=1e-6)
+    powers = [arl.paired_power(0.05, 0.06, n) for n in range(3, 15)]
+    assert powers == sorted(powers)
+
+
+def test_seeds_for_power_is_the_first_n_that_reaches_the_power():
+    n = arl.seeds_for_power(0.05, 0.056)
+    assert arl.paired_power(0.05, 0.056, n) >= 0.8 > arl.paired_power(0.05, 0.056, n - 1)
+    assert arl.seeds_for_power(10.0, 0.01) == 5              # 2^-4 > 0.05: sign flips need 5
+    assert arl.seeds_for_power(10.0, 0.01, alternative='two-sided') == 6
+    assert arl.seeds_for_power(0.001, 1.0, at_most=9) == 9
+
+
+def brute_sign_flip(d, alternative):
+    import itertools
+    m = sum(d) / len(d)
+    means = [sum(s * x for s, x in zip(signs, d)) / len(d)
+             for signs in itertools.product((1, -1), repeat=len(d))]
+    keep = {'greater': lambda v: v >= m - 1e-12, 'less': lambda v: v <= m + 1e-12,
+            'two-sided': lambda v: abs(v) >= abs(m) - 1e-12}[alternative]
+    return sum(map(keep, means)) / len(means)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-5, 5).map(lambda k: k / 4), min_size=1, max_size=9),
+       st.sampled_from(['greater', 'less', 'two-sided']))
+def test_paired_sign_flip_p_equals_brute_force_with_ties(d, alternative):
+    assert arl.paired_sign_flip_p(d, alternative) == pytest.approx(brute_sign_flip(d, alternative))
+
+
+def test_paired_sign_flip_p_matches_scipy_permutation_test():
+    d = [0.05, 0.07, 0.32, 0.01, 0.02, 0.03, -0.01, 0.16]
+    for alternative in ('greater', 'less', 'two-sided'):
+        res = scipy_stats.permutation_test((d,), lambda x: sum(x) / len(x),
+                                           permutation_type='samples', n_resamples=10 ** 6,
+                                           alternative=alternative)
+        assert arl.paired_sign_flip_p(d, alternative) == pytest.approx(res.pvalue)
+    assert arl.paired_sign_flip_p([1.0] * 5) == 1 / 32
+
+
+def test_compare_paired_known_values_and_verdicts():
+    control, treatment = [0.3, 0.2, 0.4, 0.3, 0.35], [0.4, 0.3, 0.45, 0.33, 0.5]
+    r = arl.compare_paired(control, treatment)
+    d = [b - a for a, b in zip(control, treatment)]
+    res = scipy_stats.ttest_1samp(d, 0.0)
+    ci = res.confidence_interval(0.95)
+    assert r.n == 5 and r.mean == pytest.approx(sum(d) / 5)
+    assert r.se == pytest.approx(scipy_stats.sem(d))
+    assert (r.low, r.high) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert r.p == 1 / 32 and r.established
+    assert r.verdict().startswith('established at α = 0.05 (p = 0.0312)')
+    flat = arl.compare_paired(treatment, control)             # predicted the wrong way
+    assert not flat.established and flat.verdict().startswith('not established')
+    assert arl.compare_paired(treatment, control, alternative='less').established
+    assert len(r.report().splitlines()) == 2
+    assert all(len(line) <= 88 for line in r.report().splitlines())
+
+
+@pytest.mark.parametrize('call, message', [
+    (lambda: arl.compare_paired([1.0], [2.0]), 'length >= 2'),
+    (lambda: arl.compare_paired([1.0, 2.0], [2.0]), 'length >= 2'),
+    (lambda: arl.compare_paired([1.0, 2.0], [2.0, 3.0], alpha=1.5), 'alpha'),
+    (lambda: arl.compare_paired([1.0, 2.0], [2.0, 3.0], alternative='bigger'), "'greater'"),
+    (lambda: arl.paired_sign_flip_p([0.1] * 21), '1 to 20'),
+    (lambda: arl.paired_power(0.1, 0.0, 5), 'sd > 0'),
+    (lambda: arl.t_tail(1.0, 0), 'at least 1'),
+    (lambda: arl.t_quantile(1.0, 5), 'q must be'),
+    (lambda: arl.reinforce_many(None, [], None, [{}], processes=0), 'processes'),
+])
+def test_headline_statistics_reject_bad_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_reinforce_many_equals_serial_runs_and_pass_rate_gap(gym_setup):
+    tok, model, tasks = gym_setup
+    runs = [dict(steps=2, tasks_per_step=2, samples_per_task=2, max_turns=3, seed=s)
+            for s in (0, 1)]
+    parallel = arl.reinforce_many(model, tasks, tok, runs, processes=2)
+    for (trained, history), run in zip(parallel, runs):
+        m = copy.deepcopy(model)
+        assert arl.train_reinforce(m, tasks, tok, **run) == history
+        assert all(torch.equal(a, b) for a, b in zip(m.parameters(), trained.parameters()))
+    gap = arl.pass_rate_gap(model, tasks[:2], tasks[2:4], tok, seed=3, episodes=8)
+    rates = [arl.episode_stats(arl.sample_episodes(model, t, tok, 4, torch.Generator().manual_seed(3)))
+             ['pass_rate'] for t in (tasks[:2], tasks[2:4])]
+    assert gap == rates[0] - rates[1]
+
+
+def test_pass_rate_gap_is_train_minus_heldout_with_even_episodes(monkeypatch):
+    import agentrl.policy_gradient as pg
+    calls = []
+
+    def fake_sample(model, tasks, tok, per_task, generator):
+        calls.append((tuple(tasks), per_task, generator.initial_seed()))
+        return tasks
+    monkeypatch.setattr(pg, 'sample_episodes', fake_sample)
+    monkeypatch.setattr(pg, 'episode_stats',
+                        lambda trajs: dict(pass_rate=0.75 if trajs[0] == 'a' else 0.25))
+    assert arl.pass_rate_gap(None, ['a', 'b'], ['c', 'd', 'e', 'f'], None, seed=7,
+                             episodes=8) == 0.5
+    assert calls == [(('a', 'b'), 4, 7), (('c', 'd', 'e', 'f'), 2, 7)]
