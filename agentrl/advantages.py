@@ -8,6 +8,8 @@ __all__ = [
     'gae_advantages',
     'group_advantages',
     'rloo_advantages',
+    'fit_critic',
+    'fit_critics',
 ]
 
 
@@ -120,3 +122,39 @@ def rloo_advantages(rewards, group_size):
     groups = _reward_groups(rewards, group_size, min_size=2)
     others = (groups.sum(-1, keepdim=True) - groups) / (group_size - 1)
     return _zero_flat_groups(groups - others, groups)
+
+
+from agentrl.plumbing import WorkerPool
+
+
+def fit_critic(policy, tasks, tok, steps, seed, tasks_per_step=8, samples_per_task=4,
+               lr=1e-3):
+    """A ValueCritic of the fixed policy, fit to the Monte Carlo returns of fresh
+    episodes, one Adam step per batch -> the critic."""
+    critic = ValueCritic(policy)
+    opt = torch.optim.Adam(critic.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        order = torch.randperm(len(tasks), generator=gen)[:tasks_per_step].tolist()
+        trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok,
+                                    samples_per_task, gen)
+        batch = arl.collate(trajs, tok.pad_id)
+        values = critic(batch['ids'])[:, :-1]
+        _, returns = gae_advantages(batch['rewards'], values, batch['action_mask'],
+                                    gamma=1.0, lam=1.0)
+        loss = value_loss(values, returns, batch['action_mask'])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return critic
+
+
+def fit_critics(policy, tasks, tok, steps, seeds, processes=2):
+    """fit_critic once per seed, in worker processes -> [critic]."""
+    if processes < 1:
+        raise ValueError(f'processes must be at least 1, got {processes!r}')
+    jobs = [(policy, tasks, tok, steps, seed) for seed in seeds]
+    if processes == 1 or len(jobs) == 1:
+        return [fit_critic(*job) for job in jobs]
+    with WorkerPool(min(processes, len(jobs))) as pool:
+        return list(pool(arl.fit_critic, jobs))
