@@ -130,7 +130,11 @@ from agentrl.plumbing import WorkerPool
 def fit_critic(policy, tasks, tok, steps, seed, tasks_per_step=8, samples_per_task=4,
                lr=1e-3):
     """A ValueCritic of the fixed policy, fit to the Monte Carlo returns of fresh
-    episodes, one Adam step per batch -> the critic."""
+    episodes, one Adam step per batch of tasks_per_step tasks x samples_per_task; seed
+    fixes the tasks drawn and the episodes -> the critic."""
+    if not 1 <= tasks_per_step <= len(tasks):
+        raise ValueError(f'tasks_per_step must be between 1 and {len(tasks)} (the '
+                         f'tasks given), got {tasks_per_step!r}')
     critic = ValueCritic(policy)
     opt = torch.optim.Adam(critic.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
@@ -150,9 +154,12 @@ def fit_critic(policy, tasks, tok, steps, seed, tasks_per_step=8, samples_per_ta
 
 
 def fit_critics(policy, tasks, tok, steps, seeds, processes=2):
-    """fit_critic once per seed, in worker processes -> [critic]."""
+    """fit_critic once per seed -> [critic]; in `processes` worker processes with one
+    torch thread each, or here when processes = 1 or there is one seed."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
+    if not seeds:
+        raise ValueError('need at least one seed, got none')
     jobs = [(policy, tasks, tok, steps, seed) for seed in seeds]
     if processes == 1 or len(jobs) == 1:
         return [fit_critic(*job) for job in jobs]

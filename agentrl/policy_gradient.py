@@ -236,9 +236,11 @@ def paired_power(effect, sd, n, alpha=0.05, alternative='greater'):
 
 
 def seeds_for_power(effect, sd, alpha=0.05, power=0.8, alternative='greater',
-                    at_least=5, at_most=20):
+                    at_least=6, at_most=20):
     """Fewest paired seeds n in [at_least, at_most] whose paired_power reaches power,
-    and that exact sign flips can reject at alpha -> n (at_most if none does)."""
+    and that exact sign flips can reject at alpha -> n (at_most if none does). Below
+    six seeds the sign-flip test rejects only when (nearly) every sign agrees, so its
+    power falls short of the t test's; hence at_least=6."""
     floor = 1 if alternative != 'two-sided' else 2       # the smallest p is floor / 2^n
     for n in range(max(at_least, 2), at_most + 1):
         if floor / 2 ** n <= alpha and paired_power(effect, sd, n, alpha,

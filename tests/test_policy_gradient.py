@@ -272,11 +272,27 @@ def test_paired_power_matches_the_noncentral_t_and_grows_with_seeds():
     assert powers == sorted(powers)
 
 
+def sign_flip_power(effect, sd, n, draws=4000, seed=0):
+    """Monte Carlo power of the one-sided exact sign-flip test at 0.05, normal differences."""
+    g = torch.Generator().manual_seed(seed)
+    d = effect + sd * torch.randn(draws, n, generator=g, dtype=torch.float64)
+    return sum(arl.paired_sign_flip_p(row) <= 0.05 for row in d) / draws
+
+
+def test_from_six_seeds_the_t_power_is_close_to_the_sign_flip_power_it_plans_for():
+    # at 5 seeds only the all-positive pattern rejects: P(d > 0)^5, far below the t power
+    assert sign_flip_power(0.254, 0.171, 5) < arl.paired_power(0.254, 0.171, 5) - 0.1
+    for n in (6, 8):
+        # 4000 draws: the Monte Carlo SE is at most 0.008
+        assert abs(sign_flip_power(0.254, 0.171, n) - arl.paired_power(0.254, 0.171, n)) < 0.1
+
+
 def test_seeds_for_power_is_the_first_n_that_reaches_the_power():
     n = arl.seeds_for_power(0.05, 0.056)
     assert arl.paired_power(0.05, 0.056, n) >= 0.8 > arl.paired_power(0.05, 0.056, n - 1)
-    assert arl.seeds_for_power(10.0, 0.01) == 5              # 2^-4 > 0.05: sign flips need 5
-    assert arl.seeds_for_power(10.0, 0.01, alternative='two-sided') == 6
+    assert arl.seeds_for_power(10.0, 0.01) == 6              # the default floor
+    assert arl.seeds_for_power(10.0, 0.01, at_least=2) == 5   # 2^-4 > 0.05: sign flips need 5
+    assert arl.seeds_for_power(10.0, 0.01, at_least=2, alternative='two-sided') == 6
     assert arl.seeds_for_power(0.001, 1.0, at_most=9) == 9
 
 
