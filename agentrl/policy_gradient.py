@@ -13,6 +13,7 @@ __all__ = [
     'reinforce_step',
     'train_reinforce',
     'ALTERNATIVES',
+    'T_RANGE',
     't_tail',
     't_quantile',
     'paired_power',
@@ -195,11 +196,18 @@ def _check_test(alpha, alternative):
                          f'{ALTERNATIVES}')
 
 
-def t_tail(c, df, shift=0.0, grid=2000):
+T_RANGE = 50.0      # |c| up to which t_tail's grid resolves the tail (tested to 1e-8)
+
+
+def t_tail(c, df, shift=0.0, grid=8000):
     """P(T > c) for T = (Z + shift) / U, U = sqrt(chi2_df / df): Student's t when
-    shift = 0, noncentral t otherwise; Simpson's rule over U's density."""
+    shift = 0, noncentral t otherwise; Simpson's rule over U's density; |c| <= T_RANGE.
+    """
     if df < 1:
         raise ValueError(f'degrees of freedom must be at least 1, got {df!r}')
+    if abs(c) > T_RANGE:
+        raise ValueError(f'c={c!r} is beyond the range t_tail resolves, '
+                         f'|c| <= {T_RANGE}')
     u = torch.linspace(0, 1 + 12 / math.sqrt(df), grid + 1, dtype=torch.float64)
     log_norm = math.log(2) + (df / 2) * math.log(df / 2) - math.lgamma(df / 2)
     # [grid + 1]; chi's density is 0 at u = 0 unless df = 1
@@ -212,33 +220,38 @@ def t_tail(c, df, shift=0.0, grid=2000):
 
 
 def t_quantile(q, df):
-    """The q-quantile of Student's t with df degrees of freedom (bisects t_tail)."""
+    """The q-quantile of Student's t with df degrees of freedom (bisects t_tail within
+    +-T_RANGE; a quantile beyond that raises)."""
     if not 0 < q < 1:
         raise ValueError(f'q must be in (0, 1), got {q!r}')
-    low, high = -1e3, 1e3
-    for _ in range(60):
+    if not 1 - t_tail(-T_RANGE, df) < q < 1 - t_tail(T_RANGE, df):
+        raise ValueError(f'the {q!r}-quantile of t with {df} degrees of freedom is '
+                         f'beyond +-{T_RANGE}, the range t_quantile searches')
+    low, high = -T_RANGE, T_RANGE
+    for _ in range(50):
         mid = (low + high) / 2
         low, high = (mid, high) if 1 - t_tail(mid, df) < q else (low, mid)
     return (low + high) / 2
 
 
 def paired_power(effect, sd, n, alpha=0.05, alternative='greater'):
-    """Power of the paired t test of n differences with mean effect and sd sd (effect
-    signed in the predicted direction), by the noncentral t distribution."""
+    """Power of the paired t test of n differences (treatment - control) with mean
+    effect and sd sd, by the noncentral t distribution; 'less' predicts effect < 0."""
     _check_test(alpha, alternative)
     if n < 2 or sd <= 0:
         raise ValueError(f'need n >= 2 pairs and sd > 0, got n={n!r}, sd={sd!r}')
-    shift = abs(effect) * math.sqrt(n) / sd
+    shift = effect * math.sqrt(n) / sd
     if alternative == 'two-sided':
         c = t_quantile(1 - alpha / 2, n - 1)
         return t_tail(c, n - 1, shift) + t_tail(c, n - 1, -shift)
-    return t_tail(t_quantile(1 - alpha, n - 1), n - 1, shift)
+    towards = shift if alternative == 'greater' else -shift
+    return t_tail(t_quantile(1 - alpha, n - 1), n - 1, towards)
 
 
 def seeds_for_power(effect, sd, alpha=0.05, power=0.8, alternative='greater',
                     at_least=6, at_most=20):
     """Fewest paired seeds n in [at_least, at_most] whose paired_power reaches power,
-    and that exact sign flips can reject at alpha -> n (at_most if none does). Below
+    and that exact sign flips can reject at alpha -> n, or None if none does. Below
     six seeds the sign-flip test rejects only when (nearly) every sign agrees, so its
     power falls short of the t test's; hence at_least=6."""
     floor = 1 if alternative != 'two-sided' else 2       # the smallest p is floor / 2^n
@@ -246,20 +259,21 @@ def seeds_for_power(effect, sd, alpha=0.05, power=0.8, alternative='greater',
         if floor / 2 ** n <= alpha and paired_power(effect, sd, n, alpha,
                                                     alternative) >= power:
             return n
-    return at_most
+    return None
 
 
 def paired_sign_flip_p(d, alternative='greater'):
-    """Exact sign-flip p of paired differences d [n]: the share of the 2^n sign
-    patterns whose mean is at least as extreme as mean(d), in the alternative's
-    direction."""
+    """Exact sign-flip p of paired differences d [n], 2 <= n <= 16: the share of the
+    2^n sign patterns whose mean is at least as extreme as mean(d), in the
+    alternative's direction."""
     _check_test(0.5, alternative)
     d = torch.as_tensor(d, dtype=torch.float64)
-    if d.dim() != 1 or not 1 <= len(d) <= 20:
-        raise ValueError(f'need 1 to 20 differences in a 1-D list, got shape '
+    if d.dim() != 1 or not 2 <= len(d) <= 16:
+        raise ValueError(f'need 2 to 16 differences in a 1-D list, got shape '
                          f'{tuple(d.shape)}')
-    signs = torch.tensor(list(itertools.product((1.0, -1.0), repeat=len(d))),
-                         dtype=torch.float64)
+    # [2^n, n]: row k's signs are the bits of k
+    bits = (torch.arange(2 ** len(d))[:, None] >> torch.arange(len(d))) & 1
+    signs = 1.0 - 2.0 * bits.double()
     means, observed = (signs * d).mean(-1), d.mean()
     slack = 1e-12 * max(1.0, d.abs().max().item())        # ties count as extreme
     if alternative == 'greater':
@@ -290,19 +304,25 @@ class PairedComparison:
         """The verdict sentence, built from the numbers."""
         f = lambda x: f'{x:+.{digits}f}'
         said = 'established' if self.established else 'not established'
-        return (f'{said} at α = {self.alpha:g} (p = {self.p:.4f}): difference '
+        return (f'{said} at α = {self.alpha:g} (p {_p_text(self.p, "= ")}): difference '
                 f'{f(self.mean)}, 95% interval [{f(self.low)}, {f(self.high)}]')
 
     def report(self, digits=3):
         """Two lines: the statistics, then the verdict."""
         return (f'{self.n} paired seeds | mean difference {self.mean:+.{digits}f} | '
                 f'SE {self.se:.{digits}f} | sign-flip p ({self.alternative}) '
-                f'{self.p:.4f}\n' + self.verdict(digits))
+                f'{_p_text(self.p)}\n' + self.verdict(digits))
+
+
+def _p_text(p, equals=''):
+    """A p-value with four decimals, or '< 0.0001' below that."""
+    return f'{equals}{p:.4f}' if p >= 1e-4 else '< 0.0001'
 
 
 def compare_paired(control, treatment, alpha=0.05, alternative='greater'):
-    """Headline comparison of treatment - control over paired seeds [n]: mean, SE,
-    95% t interval, exact sign-flip p -> PairedComparison."""
+    """Headline comparison of treatment - control, control and treatment [n] floats
+    (one per seed, 2 <= n <= 16): mean, SE, 95% t interval (a point if every
+    difference is equal), exact sign-flip p -> PairedComparison."""
     _check_test(alpha, alternative)
     if len(control) != len(treatment) or len(control) < 2:
         raise ValueError(f'need two score lists of one length >= 2 (one per seed), got '
@@ -318,16 +338,17 @@ def compare_paired(control, treatment, alpha=0.05, alternative='greater'):
 def reinforce_many(model, tasks, tok, runs, processes=2, executor=None):
     """train_reinforce from a copy of model once per dict of its keywords in runs, in
     worker processes -> [(trained model, history)]; executor(function, jobs) runs
-    them elsewhere (e.g. a WorkerPool kept open), None: a pool of `processes`."""
+    them elsewhere (e.g. a WorkerPool kept open; processes is then unused), None: a
+    pool of `processes`."""
     if processes < 1:
         raise ValueError(f'processes must be at least 1, got {processes!r}')
     jobs = [(model, tasks, tok, dict(run)) for run in runs]
     if executor is not None:
-        return executor(arl.policy_gradient._reinforce_copy, jobs)
+        return executor(_reinforce_copy, jobs)
     if processes == 1 or len(jobs) == 1:
         return [_reinforce_copy(*job) for job in jobs]
     with WorkerPool(min(processes, len(jobs))) as pool:
-        return list(pool(arl.policy_gradient._reinforce_copy, jobs))
+        return list(pool(_reinforce_copy, jobs))
 
 
 def _reinforce_copy(model, tasks, tok, run):

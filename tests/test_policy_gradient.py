@@ -244,9 +244,10 @@ scipy_stats = pytest.importorskip('scipy.stats')
 @pytest.mark.parametrize('df', [1, 2, 3, 7, 11, 30, 120])
 @pytest.mark.parametrize('shift', [0.0, -1.0, 1.3, 3.5])
 def test_t_tail_matches_scipy_student_and_noncentral_t(df, shift):
-    for c in (-2.0, 0.0, 0.5, 1.7, 3.0, 6.0):
+    for c in (-50.0, -2.0, 0.0, 0.5, 1.7, 3.0, 6.0, 20.0, 50.0):
         want = scipy_stats.nct.sf(c, df, shift) if shift else scipy_stats.t.sf(c, df)
-        # Simpson's rule on 2000 panels of a smooth integrand: far below 1e-8 here
+        # Simpson's rule on 8000 panels; the steepest integrand (df = 1, c = 50) drops
+        # over about 0.1 in u, some 60 panels: below 2e-9 in every case here
         assert arl.t_tail(c, df, shift) == pytest.approx(want, abs=1e-8)
 
 
@@ -262,8 +263,12 @@ def test_t_quantile_matches_scipy(df):
 def test_paired_power_matches_the_noncentral_t_and_grows_with_seeds():
     for n, effect, sd in ((5, 0.1, 0.1), (12, 0.05, 0.056), (16, -0.03, 0.05)):
         crit = scipy_stats.t.ppf(0.95, n - 1)
-        want = scipy_stats.nct.sf(crit, n - 1, abs(effect) * n ** 0.5 / sd)
+        want = scipy_stats.nct.sf(crit, n - 1, effect * n ** 0.5 / sd)
         assert arl.paired_power(effect, sd, n) == pytest.approx(want, abs=1e-6)
+        # 'less' predicts a decrease: the mirror image
+        assert arl.paired_power(-effect, sd, n, alternative='less') == pytest.approx(want, abs=1e-6)
+    # an effect in the wrong direction has less power than alpha
+    assert arl.paired_power(-0.05, 0.056, 12) < 0.05
     two = scipy_stats.t.ppf(0.975, 9)
     lam = 0.05 * 10 ** 0.5 / 0.06
     want = scipy_stats.nct.sf(two, 9, lam) + scipy_stats.nct.cdf(-two, 9, lam)
@@ -293,7 +298,8 @@ def test_seeds_for_power_is_the_first_n_that_reaches_the_power():
     assert arl.seeds_for_power(10.0, 0.01) == 6              # the default floor
     assert arl.seeds_for_power(10.0, 0.01, at_least=2) == 5   # 2^-4 > 0.05: sign flips need 5
     assert arl.seeds_for_power(10.0, 0.01, at_least=2, alternative='two-sided') == 6
-    assert arl.seeds_for_power(0.001, 1.0, at_most=9) == 9
+    assert arl.seeds_for_power(0.001, 1.0, at_most=9) is None
+    assert arl.seeds_for_power(-0.05, 0.056, alternative='less') == n
 
 
 def brute_sign_flip(d, alternative):
@@ -307,7 +313,7 @@ def brute_sign_flip(d, alternative):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(-5, 5).map(lambda k: k / 4), min_size=1, max_size=9),
+@given(st.lists(st.integers(-5, 5).map(lambda k: k / 4), min_size=2, max_size=9),
        st.sampled_from(['greater', 'less', 'two-sided']))
 def test_paired_sign_flip_p_equals_brute_force_with_ties(d, alternative):
     assert arl.paired_sign_flip_p(d, alternative) == pytest.approx(brute_sign_flip(d, alternative))
@@ -338,6 +344,8 @@ def test_compare_paired_known_values_and_verdicts():
     assert not flat.established and flat.verdict().startswith('not established')
     assert arl.compare_paired(treatment, control, alternative='less').established
     assert len(r.report().splitlines()) == 2
+    tiny = arl.compare_paired([0.0] * 16, [float(k + 1) for k in range(16)])
+    assert tiny.p == 2 ** -16 and 'p < 0.0001' in tiny.verdict() and '< 0.0001' in tiny.report()
     assert all(len(line) <= 88 for line in r.report().splitlines())
 
 
@@ -346,7 +354,10 @@ def test_compare_paired_known_values_and_verdicts():
     (lambda: arl.compare_paired([1.0, 2.0], [2.0]), 'length >= 2'),
     (lambda: arl.compare_paired([1.0, 2.0], [2.0, 3.0], alpha=1.5), 'alpha'),
     (lambda: arl.compare_paired([1.0, 2.0], [2.0, 3.0], alternative='bigger'), "'greater'"),
-    (lambda: arl.paired_sign_flip_p([0.1] * 21), '1 to 20'),
+    (lambda: arl.paired_sign_flip_p([0.1] * 17), '2 to 16'),
+    (lambda: arl.paired_sign_flip_p([0.1]), '2 to 16'),
+    (lambda: arl.t_tail(60.0, 3), 'beyond the range'),
+    (lambda: arl.t_quantile(0.9999, 1), 'beyond'),
     (lambda: arl.paired_power(0.1, 0.0, 5), 'sd > 0'),
     (lambda: arl.t_tail(1.0, 0), 'at least 1'),
     (lambda: arl.t_quantile(1.0, 5), 'q must be'),
