@@ -179,7 +179,6 @@ def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task
 
 import copy
 import dataclasses
-import itertools
 import math
 import statistics
 from agentrl.plumbing import WorkerPool
