@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["glue", "bounded"]
+__all__ = ["glue", "bounded", "span"]
 
 GLUE_PREFIX = "application/papermill.record/"   # myst-nb's mime prefix for hidden glue
 _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,3 +51,13 @@ def bounded(x: float, bound: float = 1e-12) -> str:
     if not bound > 0:
         raise ValueError(f"bound must be positive, got {bound!r}")
     return f"<{bound:.0e}" if abs(x) < bound else f"{x:.1e}"
+
+
+def span(values, fmt: str) -> str:
+    """``'lowest to highest'`` of values, each formatted with fmt (``'.2f'``); one value when
+    the two read alike. Refuses an empty sequence."""
+    values = list(values)
+    if not values:
+        raise ValueError("span needs at least one value")
+    low, high = f"{min(values):{fmt}}", f"{max(values):{fmt}}"
+    return low if low == high else f"{low} to {high}"

@@ -103,3 +103,12 @@ def test_bounded_prints_a_bound_for_rounding_and_a_value_above_it():
     assert bounded(3e-9, bound=1e-8) == "<1e-08"
     with pytest.raises(ValueError, match="bound must be positive, got 0"):
         bounded(1.0, bound=0)
+
+
+def test_span_reads_lowest_to_highest_and_collapses_equal_ends():
+    from agentrl.prose import span
+    assert span([0.31, 0.2, 0.25], ".2f") == "0.20 to 0.31"
+    assert span([0.301, 0.299], ".2f") == "0.30"          # equal once formatted: one number
+    assert span((x for x in [3]), "d") == "3"
+    with pytest.raises(ValueError, match="at least one"):
+        span([], ".2f")
