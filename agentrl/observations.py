@@ -47,9 +47,9 @@ def tool_tokenizer():
     return arl.Tokenizer(arl.gym_words(arl.make_tasks('all')) | set(DETAIL_WORDS))
 
 
-def shorten(text, limit, shown='ends'):
+def shorten(text, limit, shown='ends', mark=True):
     """At most `limit` words of text (its head, its tail or both ends: shown), plus
-    CUT_MARK where words were cut: limit + 1 words then."""
+    CUT_MARK where words were cut if mark: limit + 1 words then."""
     if shown not in SHOWN:
         raise ValueError(f'unknown shown {shown!r}; expected one of {SHOWN}')
     if limit < 1:
@@ -59,7 +59,7 @@ def shorten(text, limit, shown='ends'):
         return ' '.join(words)
     head = {'head': limit, 'tail': 0, 'ends': (limit + 1) // 2}[shown]
     tail = words[len(words) - (limit - head):] if limit > head else []
-    return ' '.join(words[:head] + [CUT_MARK] + tail)
+    return ' '.join(words[:head] + [CUT_MARK] * bool(mark) + tail)
 
 
 def evidence_positions(task):
@@ -143,10 +143,10 @@ def is_malformed(action):
 
 class ToolEnv(arl.EditBudgetEnv):
     """EditBudgetEnv with its interface as arguments: read shortened to read_limit
-    words, test reports, and the answer to a malformed call."""
+    words (cut marked if mark_cut), test reports, and the answer to a malformed call."""
 
     def __init__(self, max_turns=6, reward='hidden', max_edits=1, read_limit=None,
-                 shown='ends', test_detail=False, on_malformed='terse'):
+                 shown='ends', test_detail=False, on_malformed='terse', mark_cut=True):
         super().__init__(max_turns, reward, max_edits)
         if on_malformed not in ON_MALFORMED:
             raise ValueError(f'unknown on_malformed {on_malformed!r}; '
@@ -157,7 +157,7 @@ class ToolEnv(arl.EditBudgetEnv):
             raise ValueError(f'read_limit must be None or at least 1, '
                              f'got {read_limit!r}')
         self.read_limit, self.shown, self.test_detail = read_limit, shown, test_detail
-        self.on_malformed = on_malformed
+        self.on_malformed, self.mark_cut = on_malformed, mark_cut
 
     def step(self, text):
         """BugFixEnv.step; with on_malformed='end' a malformed call ends the episode
@@ -172,7 +172,7 @@ class ToolEnv(arl.EditBudgetEnv):
     def _observe(self, call):
         observation = super()._observe(call)
         if call == ('read',) and self.read_limit is not None:
-            return shorten(observation, self.read_limit, self.shown)
+            return shorten(observation, self.read_limit, self.shown, self.mark_cut)
         if call == ('test',) and self.test_detail:
             return test_report(self.source, self.task)
         if is_malformed(self.actions[-1]):

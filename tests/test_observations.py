@@ -46,6 +46,14 @@ def test_shorten_odd_limit_keeps_the_extra_word_at_the_head():
     assert arl.shorten('a b c d e f', 1, 'tail') == '... f'
 
 
+def test_shorten_without_the_mark_drops_only_the_mark():
+    for shown in arl.SHOWN:
+        marked = arl.shorten('a b c d e f g', 4, shown).split()
+        assert arl.shorten('a b c d e f g', 4, shown, mark=False).split() == [
+            w for w in marked if w != arl.CUT_MARK]
+    assert arl.shorten('a b', 4, mark=False) == 'a b'
+
+
 def test_shorten_leaves_short_text_whole_and_rejects_bad_arguments():
     assert arl.shorten('a b\nc', 3, 'head') == 'a b c'
     with pytest.raises(ValueError, match="unknown shown 'middle'"):
@@ -157,6 +165,8 @@ def test_tool_env_shortens_read_and_reports_tests():
     assert transcript[0][1] == '... = total + i return total'
     assert transcript[1][1] == arl.test_report(SUM_TO.source, SUM_TO)
     assert transcript[3][1] == 'pass pass pass' and reward == 1.0
+    unmarked = arl.ToolEnv(read_limit=6, shown='tail', mark_cut=False)
+    assert arl.play(unmarked, SUM_TO, ['read'])[0][0][1] == '= total + i return total'
 
 
 @pytest.mark.parametrize('on_malformed, invalid, unknown', [
