@@ -21,6 +21,7 @@ from .rewards import *  # book/11-rewards-and-verifiers.md
 from .horizons import *  # book/12-multi-turn-and-long-horizons.md
 from .observations import *  # book/13-tools-and-observations.md
 from .scaling import *  # book/14-scaling-and-efficiency.md
+from .translations import *  # book/14-scaling-and-efficiency.md
 from .offpolicy import *  # book/15-off-policy-and-async.md
 from .warmstart import *  # book/16-warm-starts-and-distillation.md
 from .evalstats import *  # book/17-evaluation.md

@@ -19,22 +19,7 @@ __all__ = [
     'padded_log_probs',
     'Curriculum',
     'RayExecutor',
-    'one_by_one',
-    'ENVIRONMENT_FIELDS',
-    'TRL_LOSS',
-    'VERL_LOSS',
-    'OPENRLHF_LOSS',
-    'VERL_KL',
-    'OVERLONG_IN_TURNS',
-    'GROUP_STD',
-    'to_trl',
-    'to_verl',
-    'to_openrlhf',
-    'single_turn_prompts',
     'hf_tokenizer',
-    'tiny_llama',
-    'SingleTurnReward',
-    'step_clock',
 ]
 
 
@@ -42,6 +27,7 @@ import collections
 import contextlib
 import copy
 import functools
+import math
 import os
 import random
 import statistics
@@ -126,20 +112,23 @@ class _TimedDecoder:
         return getattr(self._decoder, name)
 
 
-class _MarkedObjective(arl.Objective):
-    """An objective that calls on_update(batch, advantages) where a step's update
-    begins, and otherwise defers to inner."""
+class _MarkedObjective:
+    """The objective inner, whose advantages also call on_update(batch, advantages,
+    cfg), where a step's update begins; every other method (prepare, loss, ...) and
+    attribute is inner's."""
 
     def __init__(self, inner, on_update):
-        self.inner, self.on_update = inner, on_update
+        self._inner, self._on_update = inner, on_update
 
     def advantages(self, batch, episodes, cfg):
-        advantages = self.inner.advantages(batch, episodes, cfg)
-        self.on_update(batch, advantages)
+        advantages = self._inner.advantages(batch, episodes, cfg)
+        self._on_update(batch, advantages, cfg)
         return advantages
 
-    def loss(self, logp, batch, rows, advantages, cfg):
-        return self.inner.loss(logp, batch, rows, advantages, cfg)
+    def __getattr__(self, name):
+        if name == '_inner':                 # not set yet (a copy being built)
+            raise AttributeError(name)
+        return getattr(self._inner, name)
 
 
 class _Phases:
@@ -163,19 +152,25 @@ class _Phases:
         """A step's sampling begins."""
         self._enter('sampling')
 
-    def on_update(self, batch, advantages):
-        """The update begins: count its tokens (learned: advantage != 0)."""
+    def on_update(self, batch, advantages, cfg):
+        """The update begins: count the tokens of its rows that learn and of those
+        only scored (per epoch), and those the reference scores."""
         self._enter('update')
-        learns = advantages != 0
-        self.clock.counts['learned'] += int(batch['lengths'][learns].sum())
-        self.clock.counts['scored'] += int(batch['lengths'][~learns].sum())
+        lengths, learns = batch['lengths'], _learning_rows(batch, advantages, cfg)
+        self.clock.counts['learned'] += int(lengths[learns].sum())
+        self.clock.counts['scored'] += int(lengths[~learns].sum())
+        if 'ref_logp' in batch:
+            self.clock.counts['reference'] += int(lengths.sum())
 
     def on_step(self, record):
-        """The step ends: one row of seconds and counts."""
+        """The step ends: one row of seconds and counts (a step that learned nothing
+        has no update: all of it is sampling)."""
         now, marks = time.perf_counter(), self._marks
+        updated = marks.get('update', -math.inf) > marks['sampling']
+        split = marks['update'] if updated else now
         row = dict(self.clock.seconds, **self.clock.counts,
-                   sampling=marks['update'] - marks['sampling'],
-                   update=now - marks['update'], total=now - marks['sampling'])
+                   sampling=split - marks['sampling'], update=now - split,
+                   total=now - marks['sampling'])
         row['sampling, rest'] = (row['sampling'] - row.get('model', 0)
                                  - row.get('environment', 0))
         self.rows.append(row)
@@ -187,11 +182,22 @@ class _Phases:
         self._enter(None)
 
 
+def _learning_rows(batch, advantages, cfg):
+    """The rows rl_update runs with autograd, advantages [B] or [B, T-1] -> bool [B]:
+    those with an advantage != 0, or every row when the loss has a KL or entropy
+    term."""
+    rows = len(batch['lengths'])
+    kl_in_loss = 'ref_logp' in batch and cfg.kl_placement == 'loss'
+    if kl_in_loss or cfg.entropy_coef > 0:
+        return torch.ones(rows, dtype=torch.bool)
+    return (advantages != 0).reshape(rows, -1).any(-1)
+
+
 def profile_steps(model, tasks, tok, cfg, steps=4, env_factory=None,
                   objective=arl.Objective()):
     """train_rl for `steps` steps on a copy of model, timed through its seams (env
     factory, model.decoder, objective, callback) -> (one dict per step of seconds per
-    part and the counts fed/fed_rows/learned/scored, the run's history)."""
+    part and the token counts fed/fed_rows/learned/scored/reference, the history)."""
     model, clock = copy.deepcopy(model), _Clock()
     env_factory = env_factory or functools.partial(arl.make_env, cfg)
     untimed = model.decoder
@@ -282,13 +288,15 @@ def gemm_rate(model, rows=(256, 1024, 2048), repeats=20):
     return best
 
 
-def step_floor_flops(model, row):
-    """A step's matrix-multiply work from a profile_steps row: every fed token once
-    through the blocks and every fed row once through the output layer (sampling),
-    learned tokens forward + backward (3 forwards), scored ones forward."""
+def step_floor_flops(model, row, cfg):
+    """A step's matrix-multiply work from a profile_steps row of a run with cfg: every
+    fed token once through the blocks and every fed row once through the output layer
+    (sampling); in each of cfg.epochs, learned tokens forward + backward (3 forwards)
+    and scored ones forward; reference tokens forward once."""
     full, blocks = linear_flops(model), linear_flops(model, head=False)
     sampling = blocks * row['fed'] + (full - blocks) * row['fed_rows']
-    return sampling + full * (3 * row['learned'] + row['scored'])
+    passes = cfg.epochs * (3 * row['learned'] + row['scored'])
+    return sampling + full * (passes + row.get('reference', 0))
 
 
 def decode_work(trajs):
@@ -427,6 +435,17 @@ class _CurriculumEnv:
         return getattr(self._env, name)
 
 
+def train_with_curriculum(model, tasks, tok, cfg, steps, window):
+    """train_rl from a copy of model with a Curriculum of `window` over make_env(cfg)
+    -> (model, history, the curriculum, its retired count after each step)."""
+    curriculum = Curriculum(functools.partial(arl.make_env, cfg), tasks, window)
+    model, counts = copy.deepcopy(model), []
+    history = arl.train_rl(
+        model, tasks, tok, cfg, steps, env_factory=curriculum,
+        callback=lambda record: counts.append(len(curriculum.retired())))
+    return model, history, curriculum, counts
+
+
 def _run_with_threads(threads, fn, *args):
     """fn(*args) in a Ray worker, with torch on `threads` threads (the CPUs the task
     asked for)."""
@@ -515,240 +534,12 @@ def one_by_one(executor):
     """An executor with the classic Ray mistake: ray.get inside the submitting loop,
     so each task waits for the one before it (for the book's comparison)."""
     def run(fn, jobs):
-        ray = executor.connect()
-        task = ray.remote(num_cpus=1, max_retries=0)(_run_with_threads)
-        return [ray.get(task.remote(torch.get_num_threads(), fn, *job)) for job in jobs]
+        ray, cpus = executor.connect(), executor.cpus_per_run
+        task = ray.remote(num_cpus=cpus, max_retries=0)(_run_with_threads)
+        shared = _shared_refs(ray, jobs)
+        return [ray.get(task.remote(cpus, fn, *(shared.get(id(a), a) for a in job)))
+                for job in jobs]
     return run
-
-
-# RLConfig fields that describe the environment, not the trainer's algorithm
-ENVIRONMENT_FIELDS = ('max_turns', 'rename', 'max_edits', 'reward')
-TRL_LOSS = {'token_mean': 'dapo', 'seq_mean_token_mean': 'grpo', 'constant': 'dr_grpo'}
-VERL_LOSS = {'token_mean': 'token-mean', 'seq_mean_token_mean': 'seq-mean-token-mean',
-             'seq_mean_token_sum': 'seq-mean-token-sum',
-             'constant': 'seq-mean-token-sum-norm'}
-OPENRLHF_LOSS = {'token_mean': 'token-mean',
-                 'seq_mean_token_mean': 'seq-mean-token-mean'}
-VERL_KL = {'k1': 'kl', 'k2': 'mse', 'k3': 'low_var_kl'}
-OVERLONG_IN_TURNS = 'our buffer counts turns, the trainers\' count response tokens'
-GROUP_STD = ('divides by the group\'s N-1 standard deviation (+{eps}), ours by the '
-             'population one (+1e-6): its advantages are ours times sqrt((G-1)/G)')
-
-
-def _per_step(cfg, processes=1):
-    """Completions per optimizer step on each of `processes`: the step's episodes
-    over cfg.minibatches, shared out."""
-    episodes = cfg.prompts_per_step * cfg.group_size
-    if episodes % (cfg.minibatches * processes):
-        raise ValueError(f'{episodes} episodes per step do not split into '
-                         f'{cfg.minibatches} equal minibatches on {processes} '
-                         f'process(es)')
-    return episodes // (cfg.minibatches * processes)
-
-
-def to_trl(cfg, processes=1, use_cpu=None):
-    """TRL GRPOConfig keyword arguments for cfg on `processes` processes (trl 1.16;
-    use_cpu None: True when torch sees no GPU) -> (kwargs, {field: why not carried
-    exactly})."""
-    kwargs = dict(num_generations=cfg.group_size,
-                  per_device_train_batch_size=_per_step(cfg, processes),
-                  steps_per_generation=cfg.minibatches, num_iterations=cfg.epochs,
-                  temperature=cfg.temperature, epsilon=cfg.clip_low,
-                  epsilon_high=cfg.clip_high,
-                  importance_sampling_level='sequence' if cfg.ratio_level == 'sequence'
-                  else 'token',
-                  learning_rate=cfg.lr, lr_scheduler_type='constant',
-                  max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, beta=0.0)
-    if not torch.cuda.is_available() if use_cpu is None else use_cpu:
-        kwargs['use_cpu'] = True       # else GRPOConfig's bf16 default raises on a CPU
-    missing = _not_carried(cfg, 'TRL', 'reward functions, or the experimental '
-                           'environment_factory or rollout_func',
-                           'trl.rewards.get_soft_overlong_punishment',
-                           'dr_grpo divides by max_completion_length, which also cuts '
-                           'completions')
-    if cfg.ratio_level == 'cispo':
-        _trl_cispo(cfg, kwargs, missing)
-    if cfg.adv_mode == 'rloo':
-        missing['adv_mode'] = ("GRPOTrainer has no leave-one-out baseline "
-                               "(TRL's RLOOTrainer)")
-    else:
-        kwargs['scale_rewards'] = 'group' if cfg.adv_mode == 'grpo' else 'none'
-    if cfg.adv_mode == 'grpo':
-        missing['adv_mode'] = 'TRL ' + GROUP_STD.format(eps='1e-4')
-    if cfg.ratio_level == 'cispo':
-        pass                           # loss_type 'cispo' fixes the aggregation
-    elif cfg.loss_mode in TRL_LOSS:
-        kwargs['loss_type'] = TRL_LOSS[cfg.loss_mode]
-    else:
-        missing['loss_mode'] = (f'no TRL loss_type sums tokens per sequence '
-                                f'({cfg.loss_mode})')
-    if cfg.kl_coef and cfg.kl_placement != 'loss':
-        missing['kl_placement'] = 'GRPOTrainer has no KL penalty in the reward'
-    if cfg.kl_coef and cfg.kl_kind != 'k3':
-        missing['kl_kind'] = "TRL's beta weighs the k3 estimator only"
-    if cfg.kl_coef and not {'kl_placement', 'kl_kind'} & set(missing):
-        kwargs['beta'] = cfg.kl_coef
-    if cfg.entropy_coef:               # a token mean of the entropy, as ours
-        kwargs['entropy_coef'] = cfg.entropy_coef
-    if cfg.dynamic_sampling:
-        missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
-            'no flag; TRL logs frac_reward_zero_std, the share of groups it would '
-            'filter')
-    return kwargs, missing
-
-
-def _trl_cispo(cfg, kwargs, missing):
-    """TRL's CISPO: loss_type 'cispo' caps the weight at epsilon_high (a ratio, not a
-    distance from 1) and has no lower clamp; it takes the token mean over the batch."""
-    kwargs.update(loss_type='cispo', epsilon_high=1.0 + cfg.clip_high)
-    if cfg.clip_low < 1.0:
-        missing['clip_low'] = (f"TRL's cispo has no lower clamp of the weight; ours "
-                               f"clamps it at 1 - clip_low = {1.0 - cfg.clip_low:g}")
-    if cfg.loss_mode != 'token_mean':
-        missing['loss_mode'] = (f"TRL's cispo averages over the batch's tokens "
-                                f"(token_mean), not {cfg.loss_mode}")
-
-
-def _not_carried(cfg, trainer, environment, overlong, constant=None):
-    """The fields every translation reports when they matter: the environment's, the
-    overlong buffer (turns here, tokens there) and norm_const -> {field: why}."""
-    missing = {name: f'the environment: {environment}' for name in ENVIRONMENT_FIELDS}
-    if cfg.overlong_buffer:
-        missing['overlong_buffer'] = f'{OVERLONG_IN_TURNS}; {trainer}: {overlong}'
-    if cfg.loss_mode == 'constant' and constant:
-        missing['norm_const'] = (f'ours divides by norm_const (None: rows x max_turns '
-                                 f'x MAX_CALL_TOKENS); {trainer}: {constant}')
-    return missing
-
-
-def _scale_factor(cfg):
-    """verl's loss_scale_factor for loss_mode 'constant': norm_const per row of an
-    optimizer step (verl divides each sequence's token sum by it, then averages)."""
-    if cfg.norm_const is None:
-        return cfg.max_turns * arl.MAX_CALL_TOKENS
-    return cfg.norm_const / _per_step(cfg)
-
-
-def to_verl(cfg):
-    """verl Hydra overrides for cfg, for `python -m verl.trainer.main_ppo` (verl 0.8)
-    -> (['key=value', ...], {field: why not carried exactly})."""
-    actor, rollout = 'actor_rollout_ref.actor', 'actor_rollout_ref.rollout'
-    estimator = {'grpo': 'grpo', 'mean': 'grpo', 'rloo': 'rloo'}[cfg.adv_mode]
-    pairs = [('data.train_batch_size', cfg.prompts_per_step),
-             (f'{rollout}.n', cfg.group_size),
-             (f'{rollout}.temperature', cfg.temperature),
-             (f'{actor}.ppo_mini_batch_size', cfg.prompts_per_step // cfg.minibatches),
-             (f'{actor}.ppo_epochs', cfg.epochs),
-             (f'{actor}.clip_ratio_low', cfg.clip_low),
-             (f'{actor}.clip_ratio_high', cfg.clip_high),
-             (f'{actor}.loss_agg_mode', VERL_LOSS[cfg.loss_mode]),
-             (f'{actor}.optim.lr', cfg.lr), (f'{actor}.optim.weight_decay', 0.0),
-             (f'{actor}.optim.clip_grad', cfg.max_grad_norm),
-             (f'{actor}.entropy_coeff', cfg.entropy_coef),
-             ('algorithm.adv_estimator', estimator),
-             ('algorithm.norm_adv_by_std_in_grpo', cfg.adv_mode == 'grpo'),
-             ('data.seed', cfg.seed), (f'{actor}.data_loader_seed', cfg.seed),
-             (f'{actor}.shuffle', True)]       # ours draws new minibatches each epoch
-    if cfg.loss_mode == 'constant':
-        pairs.append((f'{actor}.loss_scale_factor', _scale_factor(cfg)))
-    if cfg.ratio_level in ('sequence', 'cispo'):
-        pairs.append((f'{actor}.policy_loss.loss_mode',
-                      {'sequence': 'gspo', 'cispo': 'cispo'}[cfg.ratio_level]))
-    in_loss = bool(cfg.kl_coef) and cfg.kl_placement == 'loss'
-    pairs += [(f'{actor}.use_kl_loss', in_loss),
-              ('algorithm.use_kl_in_reward', bool(cfg.kl_coef) and not in_loss)]
-    if in_loss:
-        pairs += [(f'{actor}.kl_loss_coef', cfg.kl_coef),
-                  (f'{actor}.kl_loss_type', VERL_KL[cfg.kl_kind])]
-    elif cfg.kl_coef:                  # ours: k1 summed over an episode, any kl_kind
-        pairs += [('algorithm.kl_ctrl.kl_coef', cfg.kl_coef),
-                  ('algorithm.kl_penalty', 'kl')]
-    missing = _not_carried(cfg, 'verl', 'an agent loop or a reward function',
-                           "+reward.reward_kwargs.overlong_buffer_cfg.* with "
-                           "reward.reward_manager.name=dapo")
-    missing['seed'] = ('data.seed and actor.data_loader_seed carry the shuffling; '
-                       'verl 0.8 has no seed for the rollout engine\'s sampling')
-    if cfg.ratio_level != 'cispo':     # verl's cispo loss has no dual clip
-        missing['clip_low'] = ('verl also caps the loss of negative-advantage tokens '
-                               'at ratio actor.clip_ratio_c (3.0, dual-clip PPO); ours '
-                               'does not')
-    if cfg.loss_mode != 'token_mean' and (cfg.kl_coef or cfg.entropy_coef):
-        missing['loss_mode'] = ('verl aggregates the KL and entropy terms by '
-                                'loss_agg_mode too; ours takes their token mean')
-    if cfg.adv_mode == 'grpo':
-        missing['adv_mode'] = 'verl ' + GROUP_STD.format(eps='1e-6')
-    if cfg.dynamic_sampling:
-        missing['dynamic_sampling'] = missing['max_sample_rounds'] = (
-            'main_ppo has no group filter in verl 0.8: its config defines '
-            'algorithm.filter_groups (enable, metric, max_num_gen_batches), but only '
-            'the DAPO recipe, a separate repository we have not read, uses it')
-    if cfg.prompts_per_step % cfg.minibatches:
-        missing['minibatches'] = (f'{cfg.prompts_per_step} prompts do not split into '
-                                  f'{cfg.minibatches} minibatches of whole groups')
-    return [f'{key}={_hydra(value)}' for key, value in pairs], missing
-
-
-def to_openrlhf(cfg):
-    """Flags for `python -m openrlhf.cli.train_ppo_ray` for cfg (openrlhf 0.11) ->
-    ([flag, value, ...], {field: why not carried exactly})."""
-    estimator = {'grpo': 'group_norm', 'mean': 'dr_grpo', 'rloo': 'rloo'}[cfg.adv_mode]
-    flags = ['--rollout.n_samples_per_prompt', str(cfg.group_size),
-             '--rollout.batch_size', str(cfg.prompts_per_step),
-             '--train.batch_size', str(_per_step(cfg)),
-             '--train.max_epochs', str(cfg.epochs),
-             '--rollout.temperature', str(cfg.temperature),
-             '--algo.advantage.estimator', estimator,
-             '--actor.eps_clip_low_high', str(cfg.clip_low), str(cfg.clip_high),
-             '--actor.adam.lr', str(cfg.lr), '--actor.adam.betas', '0.9', '0.999',
-             '--actor.lr_scheduler', 'constant', '--actor.lr_warmup_ratio', '0',
-             '--actor.max_norm', str(cfg.max_grad_norm), '--train.seed', str(cfg.seed),
-             # said even when 0: OpenRLHF's default is 0.01
-             '--algo.kl.init_coef', str(cfg.kl_coef)]
-    if cfg.ratio_level == 'sequence':
-        flags += ['--actor.policy_loss_type', 'gspo']
-    if cfg.loss_mode in OPENRLHF_LOSS:
-        flags += ['--actor.loss_agg_mode', OPENRLHF_LOSS[cfg.loss_mode]]
-    if cfg.kl_coef and cfg.kl_placement == 'loss':
-        flags += ['--algo.kl.estimator', cfg.kl_kind, '--algo.kl.use_loss']
-    elif cfg.kl_coef:                  # ours: k1 summed over an episode, any kl_kind
-        flags += ['--algo.kl.estimator', 'k1']
-    if cfg.entropy_coef:
-        flags += ['--actor.entropy_coef', str(cfg.entropy_coef)]
-    if cfg.dynamic_sampling:
-        flags += ['--algo.dynamic_filtering_enable',
-                  '--algo.dynamic_filtering_range', '0', '1']
-    missing = _not_carried(cfg, 'OpenRLHF', 'an agent function or a reward function',
-                           '--reward.overlong_buffer_len',
-                           'no loss aggregation divides by a constant')
-    if cfg.loss_mode not in OPENRLHF_LOSS:
-        missing['loss_mode'] = (f'--actor.loss_agg_mode has token-mean and '
-                                f'seq-mean-token-mean only ({cfg.loss_mode})')
-    if cfg.ratio_level == 'cispo':
-        missing['ratio_level'] = ("--actor.policy_loss_type is 'ppo' or 'gspo' in "
-                                  "OpenRLHF 0.11: no CISPO loss (the flags give PPO's)")
-    if cfg.adv_mode == 'grpo':
-        missing['adv_mode'] = 'OpenRLHF ' + GROUP_STD.format(eps='1e-9')
-    if cfg.kl_coef and cfg.kl_placement == 'reward':
-        missing['kl_placement'] = ('OpenRLHF adds -coef x k1 to each token\'s reward '
-                                   'after the group normalization, and each token '
-                                   'learns its reward-to-go; ours subtracts the '
-                                   'episode\'s summed k1 before it')
-    if cfg.dynamic_sampling:
-        missing['max_sample_rounds'] = ('OpenRLHF refills a step with new prompts '
-                                        'without a limit on rounds')
-    return flags, missing
-
-
-def _hydra(value):
-    """A value as Hydra reads it on the command line."""
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def single_turn_prompts(tasks):
-    """One prompt per task for a single-turn trainer: the issue, the whole source and
-    the word 'edit'; the completion should be the fix op -> {prompt: task}."""
-    return {f"{t.issue} {arl.compact_source(t.source).replace(chr(10), ' ')} edit": t
-            for t in tasks}
 
 
 def hf_tokenizer(tok):
@@ -761,6 +552,13 @@ def hf_tokenizer(tok):
     return PreTrainedTokenizerFast(tokenizer_object=core, pad_token='<pad>',
                                    unk_token='<unk>', eos_token='<end>',
                                    bos_token='<turn>')
+
+
+def single_turn_prompts(tasks):
+    """One prompt per task for a single-turn trainer: the issue, the whole source and
+    the word 'edit'; the completion should be the fix op -> {prompt: task}."""
+    return {f"{t.issue} {arl.compact_source(t.source).replace(chr(10), ' ')} edit": t
+            for t in tasks}
 
 
 def tiny_llama(vocab_size, seed=0, dtype=None):

@@ -34,7 +34,7 @@ def profile(base, tasks, tok, cfg, steps):
     med = {k: statistics.median(r[k] for r in later)
            for k in ('model', 'environment', 'sampling, rest', 'update', 'total')}
     rate = arl.gemm_rate(base)
-    ratio = statistics.median(r['total'] / (arl.step_floor_flops(base, r) / rate) for r in later)
+    ratio = statistics.median(r['total'] / (arl.step_floor_flops(base, r, cfg) / rate) for r in later)
     print('step profile (median ms): ' + ', '.join(f'{k} {1000 * v:.0f}' for k, v in med.items())
           + f'; best GEMM {rate / 1e9:.1f} GFLOP/s; step / floor {ratio:.2f}')
     return med['total'], statistics.median_low(r['fed'] for r in later)
@@ -74,21 +74,24 @@ def trl_per_token(tok, tasks, generations):
     transformers.logging.set_verbosity_error()
     warnings.simplefilter('ignore', FutureWarning)
     cfg = arl.RLConfig()
-    kwargs, _ = arl.to_trl(cfg)
+    from agentrl.scaling import SingleTurnReward, step_clock, tiny_llama
+    kwargs, _, _ = arl.to_trl(cfg, use_cpu=True)
+    per_generation = cfg.minibatches * cfg.epochs          # TRL's optimizer steps
     with tempfile.TemporaryDirectory() as out:
-        args = trl.GRPOConfig(output_dir=out, use_cpu=True, max_completion_length=3,
-                              max_steps=generations * cfg.minibatches, report_to='none',
+        args = trl.GRPOConfig(output_dir=out, max_completion_length=3,
+                              max_steps=generations * per_generation, report_to='none',
                               save_strategy='no', logging_steps=1, disable_tqdm=True, **kwargs)
-        reward = arl.SingleTurnReward(tasks)
+        reward = SingleTurnReward(tasks)
         trainer = trl.GRPOTrainer(
-            model=arl.tiny_llama(len(tok), dtype=torch.float64), reward_funcs=reward, args=args,
+            model=tiny_llama(len(tok), dtype=torch.float64), reward_funcs=reward, args=args,
             train_dataset=datasets.Dataset.from_list([{'prompt': p} for p in reward.by_prompt]),
             processing_class=arl.hf_tokenizer(tok))
         trainer.remove_callback(transformers.PrinterCallback)
-        stamps = arl.step_clock(trainer)
+        stamps = step_clock(trainer)
         trainer.train()
     steps = [b - a for a, b in zip(stamps, stamps[1:])]
-    per_gen = [sum(steps[i:i + cfg.minibatches]) for i in range(0, len(steps), cfg.minibatches)]
+    per_gen = [sum(steps[i:i + per_generation])
+               for i in range(0, len(steps), per_generation)]
     seen = sorted({h['num_tokens'] for h in trainer.state.log_history if 'num_tokens' in h})
     tokens = [b - a for a, b in zip([0, *seen], seen)]
     return statistics.median(per_gen[1:]), int(statistics.median_low(tokens[1:]))

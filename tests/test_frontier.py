@@ -173,15 +173,16 @@ def test_train_rl_runs_cispo_and_logs_its_weights():
 
 def test_translations_carry_cispo_or_say_why_not():
     cfg = arl.RLConfig(ratio_level='cispo', clip_low=1.0, clip_high=4.0)
-    kwargs, missing = arl.to_trl(cfg)
+    kwargs, dropped, caveats = arl.to_trl(cfg)
     assert kwargs['loss_type'] == 'cispo' and kwargs['epsilon_high'] == 5.0
     assert kwargs['importance_sampling_level'] == 'token'
-    assert 'clip_low' not in missing and 'loss_mode' not in missing
-    kwargs, missing = arl.to_trl(arl.RLConfig(ratio_level='cispo', loss_mode='constant'))
+    assert not {'clip_low', 'loss_mode'} & {*dropped, *caveats}
+    kwargs, dropped, _ = arl.to_trl(arl.RLConfig(ratio_level='cispo', loss_mode='constant'))
     assert kwargs['epsilon_high'] == pytest.approx(1.2)
-    assert '0.8' in missing['clip_low'] and 'constant' in missing['loss_mode']
-    overrides, missing = arl.to_verl(cfg)
+    assert '0.8' in dropped['clip_low'] and 'constant' in dropped['loss_mode']
+    overrides, dropped, caveats = arl.to_verl(cfg)
     assert 'actor_rollout_ref.actor.policy_loss.loss_mode=cispo' in overrides
-    assert 'actor_rollout_ref.actor.clip_ratio_low=1.0' in overrides and 'clip_low' not in missing
-    flags, missing = arl.to_openrlhf(cfg)
-    assert 'no CISPO' in missing['ratio_level'] and 'cispo' not in flags
+    assert 'actor_rollout_ref.actor.clip_ratio_low=1.0' in overrides
+    assert 'clip_low' not in {*dropped, *caveats}
+    flags, dropped, _ = arl.to_openrlhf(cfg)
+    assert 'no CISPO' in dropped['ratio_level'] and 'cispo' not in flags

@@ -1,10 +1,13 @@
 """Chapter 14's library without the optional engines: the step profile through train_rl's
-seams, the operation breakdown, the matrix-multiply floor, cached vs recomputed decoding,
-padding vs buckets, the '≈' convention for measured speeds, and the translations to verl and
-OpenRLHF (TRL and Ray: tests/test_scaling_engines.py)."""
+seams (any objective, per-episode or per-token advantages), the operation breakdown, the
+matrix-multiply floor against what rl_update computes, cached vs recomputed decoding, padding
+vs buckets, the '≈' convention for measured speeds, and agentrl.translations: what each
+translation carries, drops and carries with a caveat (the trainers' own machinery:
+tests/test_translations.py; TRL and Ray: tests/test_scaling_engines.py)."""
 import copy
 import collections
 import dataclasses
+import importlib.metadata
 import os
 import re
 import types
@@ -101,6 +104,100 @@ def test_profile_steps_leaves_the_model_alone(small):
     assert 'decoder' not in vars(model)
 
 
+class _FirstRowLearnsPerToken(arl.Objective):
+    """Per-token advantages [B, T-1]: 1 on the first row's policy tokens, 0 elsewhere."""
+
+    def advantages(self, batch, episodes, cfg):
+        advantages = torch.zeros_like(batch['action_mask'])
+        advantages[0] = batch['action_mask'][0]
+        return advantages
+
+
+def test_profile_steps_counts_per_token_advantages_like_per_episode_ones(small):
+    model, tasks, tok, cfg = small
+    per_token, _ = arl.profile_steps(model, tasks, tok, cfg, steps=1,
+                                     objective=_FirstRowLearnsPerToken())
+    per_episode, _ = arl.profile_steps(model, tasks, tok, cfg, steps=1,
+                                       objective=_FirstRowLearns())
+    counts = ('fed', 'fed_rows', 'learned', 'scored')
+    assert [per_token[0][k] for k in counts] == [per_episode[0][k] for k in counts]
+    assert per_token[0]['learned'] > 0 and per_token[0]['scored'] > 0
+
+
+@pytest.mark.parametrize('fields', [dict(entropy_coef=0.01), dict(kl_coef=0.1)])
+def test_profile_steps_counts_every_row_as_learning_with_a_kl_or_entropy_term(small, fields):
+    model, tasks, tok, cfg = small
+    cfg = dataclasses.replace(cfg, **fields)
+    rows, _ = arl.profile_steps(model, tasks, tok, cfg, steps=1, objective=_FirstRowLearns())
+    kept, _ = arl.sample_step(copy.deepcopy(model), lambda: arl.make_env(cfg), tasks, tok,
+                              cfg, torch.Generator().manual_seed(cfg.seed))
+    tokens = sum(len(t.ids) for t in kept)
+    assert (rows[0]['learned'], rows[0].get('scored', 0)) == (tokens, 0)
+    assert rows[0].get('reference', 0) == (tokens if cfg.kl_coef else 0)
+
+
+def _count_passes(monkeypatch):
+    """Tokens through arl.packed_log_probs (the update's and the reference's passes),
+    with autograd (True) and without (False)."""
+    seen = {True: 0, False: 0}
+    packed = arl.packed_log_probs
+
+    def counted(model, ids, lengths, *args, **kwargs):
+        seen[torch.is_grad_enabled()] += int(lengths.sum())
+        return packed(model, ids, lengths, *args, **kwargs)
+
+    monkeypatch.setattr(arl, 'packed_log_probs', counted)
+    return seen
+
+
+@pytest.mark.parametrize('fields', [
+    dict(epochs=1), dict(epochs=3, minibatches=1), dict(epochs=2, minibatches=4),
+    dict(epochs=2, kl_coef=0.1), dict(epochs=2, kl_coef=0.1, kl_placement='reward'),
+    dict(epochs=3, entropy_coef=0.01)], ids=str)
+def test_step_floor_counts_the_passes_the_update_runs(small, monkeypatch, fields):
+    model, tasks, tok, cfg = small
+    cfg = dataclasses.replace(cfg, **fields)
+    seen = _count_passes(monkeypatch)
+    rows, _ = arl.profile_steps(model, tasks, tok, cfg, steps=1, objective=_FirstRowLearns())
+    row, full = rows[0], arl.linear_flops(model)
+    sampling = arl.step_floor_flops(model, dict(row, learned=0, scored=0, reference=0), cfg)
+    assert seen[True] > 0                                  # rows that learn
+    # by hand: a token run with autograd costs 3 forwards (forward, backward), one
+    # without autograd 1
+    assert arl.step_floor_flops(model, row, cfg) == sampling + full * (
+        3 * seen[True] + seen[False])
+
+
+class _LearnsRecomputed(arl.Recomputed):
+    """Chapter 15's Recomputed (its prepare adds batch['prox_logp'], its loss reads it),
+    with the first row learning."""
+    advantages = _FirstRowLearns.advantages
+
+
+@pytest.mark.parametrize('make', [
+    lambda model: _LearnsRecomputed(),
+    lambda model: arl.KLToGo(arl.TinyAgent(model.head.out_features, d_model=16, n_layers=1,
+                                           n_heads=2, d_ff=32, seed=1), 0.5)],
+    ids=['Recomputed (chapter 15: prepare, loss)', 'KLToGo (chapter 10: prepare, [B, T-1])'])
+def test_profile_steps_trains_an_objective_exactly_as_train_rl(small, make):
+    model, tasks, tok, cfg = small
+    rows, history = arl.profile_steps(model, tasks, tok, cfg, steps=2, objective=make(model))
+    plain = arl.train_rl(copy.deepcopy(model), tasks, tok, cfg, 2, objective=make(model))
+    assert history == plain
+    assert len(rows) == 2 and rows[1]['learned'] > 0
+    assert history[0]['grad_norm'] > 0                   # it learns: step 1 uses new weights
+
+
+def test_the_profilers_objective_hands_everything_else_to_the_one_it_wraps():
+    from agentrl.scaling import _MarkedObjective
+    inner, marks = arl.KLToGo(None, 0.25), []
+    marked = _MarkedObjective(inner, lambda *args: marks.append(args))
+    assert marked.coef == 0.25 and marked.prepare == inner.prepare
+    assert marked.loss == inner.loss
+    with pytest.raises(AttributeError):
+        marked.no_such_attribute
+
+
 def _event(name, self_us, parent=None):
     return types.SimpleNamespace(name=name, self_cpu_time_total=self_us, cpu_parent=parent)
 
@@ -141,8 +238,14 @@ def test_linear_flops_and_step_floor_known_values():
     assert arl.linear_flops(model) == blocks + head
     assert arl.linear_flops(model, head=False) == blocks
     row = dict(fed=10, fed_rows=3, learned=4, scored=2)
-    assert arl.step_floor_flops(model, row) == (blocks * 10 + head * 3
-                                                + (blocks + head) * (12 + 2))
+    sampling = blocks * 10 + head * 3
+    assert arl.step_floor_flops(model, row, arl.RLConfig()) == (
+        sampling + (blocks + head) * (3 * 4 + 2))
+    # three epochs: each runs the learned tokens forward and backward, the scored ones
+    # forward; the reference scores its 6 tokens once per step, not once per epoch
+    row = dict(row, reference=6)
+    assert arl.step_floor_flops(model, row, arl.RLConfig(epochs=3, minibatches=4)) == (
+        sampling + (blocks + head) * (3 * (3 * 4 + 2) + 6))
 
 
 def test_gemm_rate_is_a_positive_speed():
@@ -188,18 +291,19 @@ def test_decode_work_counts_each_prefix_once_per_sampled_token():
 
 
 def test_to_verl_known_overrides():
-    overrides, missing = arl.to_verl(arl.RLConfig(kl_coef=0.01, dynamic_sampling=True))
+    overrides, dropped, caveats = arl.to_verl(arl.RLConfig(kl_coef=0.01,
+                                                           dynamic_sampling=True))
     assert 'actor_rollout_ref.rollout.n=8' in overrides
     assert 'actor_rollout_ref.actor.ppo_mini_batch_size=4' in overrides
     assert 'actor_rollout_ref.actor.use_kl_loss=true' in overrides
     assert 'actor_rollout_ref.actor.kl_loss_type=low_var_kl' in overrides
     assert 'algorithm.norm_adv_by_std_in_grpo=true' in overrides
     assert 'actor_rollout_ref.actor.optim.clip_grad=1.0' in overrides
-    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'seed', 'adv_mode', 'dynamic_sampling',
-                            'max_sample_rounds', 'clip_low'}     # clip_low: verl's dual clip
+    assert set(dropped) == {*arl.ENVIRONMENT_FIELDS, 'dynamic_sampling', 'max_sample_rounds'}
+    assert set(caveats) == {'seed', 'adv_mode', 'clip_low'}      # clip_low: verl's dual clip
     assert 'actor_rollout_ref.actor.shuffle=true' in overrides
-    overrides, _ = arl.to_verl(arl.RLConfig(adv_mode='mean', kl_coef=0.1,
-                                            kl_placement='reward'))
+    overrides, _, _ = arl.to_verl(arl.RLConfig(adv_mode='mean', kl_coef=0.1,
+                                               kl_placement='reward'))
     assert 'algorithm.norm_adv_by_std_in_grpo=false' in overrides
     assert 'algorithm.use_kl_in_reward=true' in overrides
     assert 'algorithm.kl_ctrl.kl_coef=0.1' in overrides
@@ -209,37 +313,40 @@ def test_to_verl_known_overrides():
 def test_overlong_buffer_is_reported_not_translated():
     cfg = arl.RLConfig(**arl.VARIANTS['dapo'])
     assert cfg.overlong_buffer
-    overrides, verl_missing = arl.to_verl(cfg)
-    flags, openrlhf_missing = arl.to_openrlhf(cfg)
+    overrides, verl_dropped, _ = arl.to_verl(cfg)
+    flags, openrlhf_dropped, _ = arl.to_openrlhf(cfg)
     assert not any('overlong' in o for o in overrides + flags)
-    assert 'turns' in verl_missing['overlong_buffer']
-    assert 'turns' in openrlhf_missing['overlong_buffer']
-    assert 'overlong_buffer' not in arl.to_verl(arl.RLConfig())[1]
+    assert 'turns' in verl_dropped['overlong_buffer']
+    assert 'turns' in openrlhf_dropped['overlong_buffer']
+    assert 'overlong_buffer' not in arl.to_verl(arl.RLConfig()).dropped
 
 
 def test_to_verl_reports_minibatches_that_split_groups():
-    _, missing = arl.to_verl(arl.RLConfig(prompts_per_step=6, group_size=4, minibatches=4))
-    assert 'do not split into 4 minibatches of whole groups' in missing['minibatches']
+    _, _, caveats = arl.to_verl(arl.RLConfig(prompts_per_step=6, group_size=4,
+                                             minibatches=4))
+    assert 'do not split into 4 minibatches of whole groups' in caveats['minibatches']
 
 
 def test_to_openrlhf_known_flags_and_reports_the_rest():
-    flags, missing = arl.to_openrlhf(arl.RLConfig(clip_high=0.28, kl_coef=0.01,
-                                                  dynamic_sampling=True))
+    flags, dropped, caveats = arl.to_openrlhf(arl.RLConfig(clip_high=0.28, kl_coef=0.01,
+                                                           dynamic_sampling=True))
     text = ' '.join(flags)
     assert '--rollout.n_samples_per_prompt 8' in text
     assert '--actor.eps_clip_low_high 0.2 0.28' in text
     assert '--algo.kl.init_coef 0.01' in text
     assert '--algo.kl.estimator k3 --algo.kl.use_loss' in text
     assert '--algo.dynamic_filtering_enable' in text
-    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode', 'max_sample_rounds'}
-    flags, _ = arl.to_openrlhf(arl.RLConfig(adv_mode='mean', ratio_level='sequence'))
+    assert set(dropped) == {*arl.ENVIRONMENT_FIELDS, 'max_sample_rounds'}
+    assert set(caveats) == {'adv_mode', 'dynamic_sampling'}
+    flags, _, _ = arl.to_openrlhf(arl.RLConfig(adv_mode='mean', ratio_level='sequence'))
     assert flags[flags.index('--algo.advantage.estimator') + 1] == 'dr_grpo'
     assert flags[flags.index('--algo.kl.init_coef') + 1] == '0.0'     # off, said aloud
     assert flags[flags.index('--actor.policy_loss_type') + 1] == 'gspo'
 
 
 # For every RLConfig field: a base config and one that changes only that field (and what it
-# needs to matter). A translation that ignores the change must report the field.
+# needs to matter). A translation that ignores the change must list the field, as dropped
+# or as carried with a caveat.
 CHANGES = {
     'group_size': ({}, dict(group_size=4)), 'prompts_per_step': ({}, dict(prompts_per_step=4)),
     'temperature': ({}, dict(temperature=0.7)), 'max_turns': ({}, dict(max_turns=4)),
@@ -270,9 +377,95 @@ def test_changes_cover_every_rlconfig_field():
 @pytest.mark.parametrize('field', sorted(CHANGES))
 def test_no_field_is_dropped_in_silence(translate, field):
     before, after = CHANGES[field]
-    old, _ = translate(arl.RLConfig(**before))
-    new, missing = translate(arl.RLConfig(**after))
-    assert new != old or field in missing, f'{translate.__name__} ignores {field} silently'
+    old = translate(arl.RLConfig(**before)).options
+    new, dropped, caveats = translate(arl.RLConfig(**after))
+    assert new != old or field in {**dropped, **caveats}, (
+        f'{translate.__name__} ignores {field} silently')
+
+
+CONFIGS = [arl.RLConfig(), *(arl.RLConfig(**v) for v in arl.VARIANTS.values()),
+           arl.RLConfig(adv_mode='rloo', kl_coef=0.1, kl_kind='k1', kl_placement='reward',
+                        loss_mode='constant', epochs=2, minibatches=4, entropy_coef=0.01),
+           arl.RLConfig(ratio_level='cispo', clip_low=1.0, clip_high=4.0,
+                        loss_mode='seq_mean_token_sum', dynamic_sampling=True,
+                        reward=arl.turn_cost_reward)]
+
+
+@pytest.mark.parametrize('translate', [arl.to_trl, arl.to_verl, arl.to_openrlhf],
+                         ids=lambda f: f.__name__)
+def test_dropped_and_caveats_are_two_separate_lists_of_fields(translate):
+    fields = {f.name for f in dataclasses.fields(arl.RLConfig)}
+    for cfg in CONFIGS:
+        translation = translate(cfg)
+        assert isinstance(translation, arl.Translation) and len(translation) == 3
+        dropped, caveats = translation.dropped, translation.caveats
+        assert not set(dropped) & set(caveats), (cfg, set(dropped) & set(caveats))
+        assert set(dropped) | set(caveats) <= fields
+        assert all(isinstance(why, str) and why for why in [*dropped.values(),
+                                                           *caveats.values()])
+        assert set(arl.ENVIRONMENT_FIELDS) <= set(dropped)
+
+
+def test_each_difference_is_filed_as_dropped_or_as_a_caveat():
+    grpo, rloo = arl.RLConfig(), arl.RLConfig(adv_mode='rloo')
+    assert 'N-1' in arl.to_trl(grpo).caveats['adv_mode']          # carried: scale_rewards
+    assert 'leave-one-out' in arl.to_trl(rloo).dropped['adv_mode']   # no option at all
+    on_verl = arl.to_verl(grpo)
+    assert {'seed', 'clip_low', 'adv_mode'} <= set(on_verl.caveats)
+    dapo = arl.RLConfig(**arl.VARIANTS['dapo'])
+    assert 'dynamic_sampling' in arl.to_verl(dapo).dropped
+    assert 'dynamic_sampling' in arl.to_trl(dapo).dropped
+    on_openrlhf = arl.to_openrlhf(dapo)
+    assert 'dynamic_sampling' in on_openrlhf.caveats             # a filter, not ours exactly
+    assert 'max_sample_rounds' in on_openrlhf.dropped
+    reward_kl = arl.RLConfig(kl_coef=0.1, kl_placement='reward')
+    assert 'reward-to-go' in arl.to_openrlhf(reward_kl).caveats['kl_placement']
+    on_trl = arl.to_trl(reward_kl)
+    assert {'kl_placement', 'kl_coef'} <= set(on_trl.dropped) and on_trl.options['beta'] == 0
+
+
+def test_to_trl_states_how_a_generation_serves_our_minibatches_and_epochs():
+    caveats = arl.to_trl(arl.RLConfig(epochs=3, minibatches=4)).caveats
+    assert 'steps_per_generation = 4 slices' in caveats['minibatches']
+    assert '12 for each of ours' in caveats['minibatches']            # max_steps
+    assert "by the slice's own tokens" in caveats['minibatches']       # dapo's divisor
+    assert 'num_iterations = 3 passes over the same slices' in caveats['epochs']
+    assert 'new minibatches each epoch' in caveats['epochs']
+    assert all('pi_old' in caveats[field] for field in ('minibatches', 'epochs'))
+    caveats = arl.to_trl(arl.RLConfig(epochs=2, minibatches=1,
+                                      loss_mode='seq_mean_token_mean')).caveats
+    assert 'minibatches' not in caveats and 'pi_old' in caveats['epochs']
+    caveats = arl.to_trl(arl.RLConfig(minibatches=2, loss_mode='seq_mean_token_mean')).caveats
+    assert "own tokens" not in caveats['minibatches']                  # grpo: per slice
+    assert not {'epochs', 'minibatches'} & set(arl.to_trl(arl.RLConfig(minibatches=1)).caveats)
+
+
+def test_to_openrlhf_says_its_filter_keeps_groups_by_their_mean_score():
+    assert 'dynamic_sampling' not in arl.to_openrlhf(arl.RLConfig()).caveats
+    hidden = arl.to_openrlhf(arl.RLConfig(dynamic_sampling=True)).caveats['dynamic_sampling']
+    assert 'mean of its episodes\' scores' in hidden and 'strictly between' in hidden
+    assert 'only when every score is 0 or 1' in hidden and 'rewards are 0 or 1' in hidden
+    costly = arl.to_openrlhf(arl.RLConfig(dynamic_sampling=True,
+                                          reward=arl.turn_cost_reward))
+    assert 'outside {0, 1}' in costly.caveats['dynamic_sampling']
+    assert '--algo.dynamic_filtering_enable' in costly.options         # still carried
+
+
+def _openrlhf_keeps(scores, low=0.0, high=1.0):
+    """OpenRLHF 0.11.2's rule (samples_generator._generate_vllm): a group is kept when
+    the mean of its scores lies strictly between the range's bounds."""
+    return low < sum(scores) / len(scores) < high
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.sampled_from([0.0, 1.0]), min_size=2, max_size=8))
+def test_openrlhfs_range_filter_is_ours_on_scores_of_0_or_1(scores):
+    assert _openrlhf_keeps(scores) == (len(set(scores)) > 1)
+
+
+def test_openrlhfs_range_filter_is_not_ours_on_other_rewards():
+    assert _openrlhf_keeps([0.5] * 8)                       # equal rewards, kept
+    assert not _openrlhf_keeps([0.85, -0.3, -0.3, -0.3])    # mixed (turn costs), dropped
 
 
 def _curriculum(window=2):
@@ -373,3 +566,27 @@ def test_curriculum_in_train_rl_keeps_groups_on_one_live_task(small):
     assert all(len(set(group)) == 1 for group in groups)
     assert not retired & set(seen)
     assert sum(len(curriculum.results[t.name]) for t in tasks[0::2]) == len(seen)
+
+
+@pytest.mark.parametrize('package', sorted(arl.TRAINER_VERSIONS))
+def test_trainer_versions_are_the_installed_ones(package):
+    """agentrl.translations follows one release of each trainer; a different one installed
+    means its translation must be read again."""
+    try:
+        installed = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f'{package} is not installed (tools/setup_env.sh installs it)')
+    assert installed == arl.TRAINER_VERSIONS[package], (
+        f'{package} {installed} is installed, but the translations follow '
+        f'{arl.TRAINER_VERSIONS[package]}')
+
+
+def test_profile_steps_times_a_step_that_learned_nothing_as_sampling(small):
+    model, tasks, tok, cfg = small
+    # an untrained model fails every episode: every group is flat, dynamic sampling
+    # with one round keeps none of them, and train_rl skips the update
+    cfg = dataclasses.replace(cfg, dynamic_sampling=True, max_sample_rounds=1)
+    rows, history = arl.profile_steps(model, tasks, tok, cfg, steps=2)
+    assert all('loss' not in record for record in history)
+    for row in rows:
+        assert row['update'] == 0 and row['sampling'] == row['total'] > 0

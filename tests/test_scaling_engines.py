@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import agentrl as arl
+from agentrl.scaling import SingleTurnReward, one_by_one, single_turn_prompts, step_clock, \
+    tiny_llama
 
 ray = pytest.importorskip('ray')
 trl = pytest.importorskip('trl')
@@ -142,7 +144,7 @@ def test_bad_addresses_fail_fast(address, error, message):
 
 def test_to_trl_builds_a_grpo_config_with_our_values():
     cfg = arl.RLConfig(clip_high=0.28, ratio_level='sequence', lr=3e-4, epochs=2)
-    kwargs, missing = arl.to_trl(cfg)
+    kwargs, dropped, caveats = arl.to_trl(cfg)
     trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
     assert trl_cfg.num_generations == 8 and trl_cfg.per_device_train_batch_size == 32
     assert trl_cfg.steps_per_generation == 2 and trl_cfg.num_iterations == 2
@@ -150,27 +152,31 @@ def test_to_trl_builds_a_grpo_config_with_our_values():
     assert trl_cfg.importance_sampling_level == 'sequence' and trl_cfg.loss_type == 'dapo'
     assert trl_cfg.scale_rewards == 'group' and trl_cfg.beta == 0.0
     assert trl_cfg.generation_batch_size == cfg.prompts_per_step * cfg.group_size
-    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode'}      # N-1 std: reported
+    assert set(dropped) == set(arl.ENVIRONMENT_FIELDS)
+    assert set(caveats) == {'adv_mode', 'minibatches', 'epochs'}   # N-1 std, reuse
 
 
 def test_to_trl_builds_trls_cispo_config():
-    kwargs, missing = arl.to_trl(arl.RLConfig(ratio_level='cispo', clip_low=1.0, clip_high=4.0))
+    kwargs, dropped, caveats = arl.to_trl(arl.RLConfig(ratio_level='cispo', clip_low=1.0,
+                                                       clip_high=4.0))
     trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
     assert trl_cfg.loss_type == 'cispo' and trl_cfg.epsilon_high == 5.0
     assert trl_cfg.importance_sampling_level == 'token'
-    assert set(missing) == {*arl.ENVIRONMENT_FIELDS, 'adv_mode'}
+    assert set(dropped) == set(arl.ENVIRONMENT_FIELDS)
+    assert set(caveats) == {'adv_mode', 'minibatches'}
 
 
 def test_to_trl_reports_what_it_cannot_carry():
     cfg = arl.RLConfig(adv_mode='rloo', loss_mode='seq_mean_token_sum', kl_coef=0.1,
                        kl_kind='k1', entropy_coef=0.01, dynamic_sampling=True,
                        overlong_buffer=2)
-    kwargs, missing = arl.to_trl(cfg)
-    assert {'adv_mode', 'loss_mode', 'kl_kind', 'dynamic_sampling',
-            'overlong_buffer'} <= set(missing)
+    kwargs, dropped, caveats = arl.to_trl(cfg)
+    assert {'adv_mode', 'loss_mode', 'kl_kind', 'kl_coef', 'dynamic_sampling',
+            'overlong_buffer'} <= set(dropped)
     assert 'scale_rewards' not in kwargs and 'loss_type' not in kwargs and kwargs['beta'] == 0
     trl_cfg = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
-    assert trl_cfg.entropy_coef == 0.01 and 'entropy_coef' not in missing   # TRL 1.16 has it
+    assert trl_cfg.entropy_coef == 0.01                                 # TRL 1.16 has it
+    assert 'entropy_coef' not in {**dropped, **caveats}
 
 
 def test_to_trl_rejects_uneven_minibatches():
@@ -182,19 +188,19 @@ def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
     from datasets import Dataset
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     tasks = arl.make_tasks('train')
-    reward = arl.SingleTurnReward(tasks)
+    reward = SingleTurnReward(tasks)
     first = next(iter(reward.by_prompt))
     assert reward([first, first], [f'{tasks[0].fix_op}', 'read']) == [1.0, 0.0]
     cfg = arl.RLConfig(group_size=4, prompts_per_step=2, lr=1e-3)
-    kwargs, _ = arl.to_trl(cfg)
+    kwargs, _, _ = arl.to_trl(cfg)
     args = trl.GRPOConfig(output_dir=str(tmp_path), max_steps=2,
                           max_completion_length=3, report_to='none', save_strategy='no',
                           logging_steps=1, disable_tqdm=True, **kwargs)
-    trainer = trl.GRPOTrainer(model=arl.tiny_llama(len(tok)), reward_funcs=reward, args=args,
+    trainer = trl.GRPOTrainer(model=tiny_llama(len(tok)), reward_funcs=reward, args=args,
                               train_dataset=Dataset.from_list(
                                   [{'prompt': p} for p in reward.by_prompt]),
                               processing_class=arl.hf_tokenizer(tok))
-    stamps = arl.step_clock(trainer)
+    stamps = step_clock(trainer)
     trainer.train()
     logged = [h for h in trainer.state.log_history if 'reward' in h]
     assert logged and all(0.0 <= h['reward'] <= 1.0 for h in logged)   # one per generation
@@ -205,7 +211,7 @@ def test_a_tiny_trl_grpo_run_on_single_turn_bugfix(tmp_path):
 def test_one_by_one_gives_the_same_runs(local_ray, small_setup):
     model, tasks, tok, configs = small_setup
     serial = arl.train_many(model, tasks, tok, configs[:2], 1,
-                            executor=arl.one_by_one(local_ray))
+                            executor=one_by_one(local_ray))
     here = arl.train_many(model, tasks, tok, configs[:2], 1, processes=1)
     assert [h for _, h in serial] == [h for _, h in here]
 
@@ -213,7 +219,7 @@ def test_one_by_one_gives_the_same_runs(local_ray, small_setup):
 def test_hf_tokenizer_encodes_as_ours():
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     hf = arl.hf_tokenizer(tok)
-    prompt = next(iter(arl.single_turn_prompts(arl.make_tasks('train')[:1])))
+    prompt = next(iter(single_turn_prompts(arl.make_tasks('train')[:1])))
     assert hf(prompt)['input_ids'] == tok.encode(prompt)
     assert (hf.pad_token_id, hf.eos_token_id) == (tok.pad_id, tok.index['<end>'])
     assert len(hf) == len(tok)
@@ -221,7 +227,7 @@ def test_hf_tokenizer_encodes_as_ours():
 
 def test_single_turn_prompts_end_with_edit_and_name_their_task():
     tasks = arl.make_tasks('train')
-    prompts = arl.single_turn_prompts(tasks)
+    prompts = single_turn_prompts(tasks)
     assert len(prompts) == len(tasks)
     for prompt, task in prompts.items():
         assert prompt.startswith(task.issue) and prompt.endswith(' edit')
@@ -229,20 +235,20 @@ def test_single_turn_prompts_end_with_edit_and_name_their_task():
 
 
 def test_tiny_llama_is_seeded_and_sized():
-    a, b = arl.tiny_llama(50, seed=1), arl.tiny_llama(50, seed=1, dtype=torch.float64)
+    a, b = tiny_llama(50, seed=1), tiny_llama(50, seed=1, dtype=torch.float64)
     assert a.dtype == torch.float32 and b.dtype == torch.float64
     assert all(torch.equal(p.double(), q) for p, q in zip(a.parameters(), b.parameters()))
     assert a.config.hidden_size == 64 and a.config.num_hidden_layers == 2
 
 
 def test_to_trl_keeps_the_learning_rate_constant():
-    kwargs, _ = arl.to_trl(arl.RLConfig())
+    kwargs, _, _ = arl.to_trl(arl.RLConfig())
     args = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)
     assert args.lr_scheduler_type.value == 'constant' and args.learning_rate == 1e-3
 
 
 def test_to_trl_adds_use_cpu_without_a_gpu_so_grpo_config_builds():
-    kwargs, _ = arl.to_trl(arl.RLConfig(), use_cpu=None)
+    kwargs, _, _ = arl.to_trl(arl.RLConfig(), use_cpu=None)
     assert kwargs.get('use_cpu') is (not torch.cuda.is_available())
     trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)      # raises on a CPU without it
-    assert 'use_cpu' not in arl.to_trl(arl.RLConfig(), use_cpu=False)[0]
+    assert 'use_cpu' not in arl.to_trl(arl.RLConfig(), use_cpu=False).options

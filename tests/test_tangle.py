@@ -214,8 +214,17 @@ def test_cell_parser_agrees_with_jupytext(book):
         _, cells = tangle.parse_cells(md.read_text(), md.name)
         nb = jupytext.read(md)
         expected = [c.source for c in nb.cells if c.cell_type == "code"]
-        got = [("#@save\n" + c.code) if c.saved else c.code for c in cells]
+        got = [(c.marker + "\n" + c.code) if c.saved else c.code for c in cells]
         assert got == expected, md.name
+
+
+def test_cell_parser_agrees_with_jupytext_on_every_marker(book):
+    ch = add_cells(book, GAMMA_CELL, DEMO_CELL)
+    _, cells = tangle.parse_cells(ch.read_text(), ch.name)
+    assert [(c.marker, c.target, c.exported) for c in cells if c.saved] == [
+        ("#@save", None, True), ("#@save gamma", "gamma", True), ("#@demo", None, False)]
+    expected = [c.source for c in jupytext.read(ch).cells if c.cell_type == "code"]
+    assert [(c.marker + "\n" + c.code) if c.saved else c.code for c in cells] == expected
 
 
 def test_options_blocks_are_skipped_and_save_after_options_is_seen(book):
@@ -225,6 +234,123 @@ def test_options_blocks_are_skipped_and_save_after_options_is_seen(book):
     tangle_ok(book)
     assert "tags" not in (book / "agentrl" / "alpha.py").read_text()
     assert "SCALE = 3" in (book / "agentrl" / "alpha.py").read_text()
+
+
+GAMMA_CELL = ('```{code-cell} ipython3\n#@save gamma\nimport agentrl as arl\n\n\n'
+              'def triple(x):\n    """Three times x."""\n    return 3 * x\n\n\n'
+              'def scaled(x):\n    return arl.Scaler()(x)\n```\n')
+DEMO_CELL = ('```{code-cell} ipython3\n#@demo\ndef show_off(x):\n'
+             '    """A demonstration helper."""\n    return f"x = {x}"\n```\n')
+
+
+def add_cells(book: Path, *cells: str) -> Path:
+    """Append cells to chapter 3 (module beta), before its exercises."""
+    ch = book / "book" / "03-beta.md"
+    edit(ch, "(sec-beta-exercises)=", "\n".join(cells) + "\n(sec-beta-exercises)=")
+    return ch
+
+
+def test_save_with_a_module_name_writes_a_second_module_of_the_chapter(book):
+    add_cells(book, GAMMA_CELL)
+    tangle_ok(book)
+    pkg = book / "agentrl"
+    gamma = (pkg / "gamma.py").read_text()
+    assert gamma.startswith("# Generated from book/03-beta.md by tools/tangle.py. Do not edit")
+    assert "__all__ = [\n    'triple',\n    'scaled',\n]" in gamma
+    assert "#@save" not in gamma and "class Scaler" not in gamma
+    assert "def triple" not in (pkg / "beta.py").read_text()
+    init = (pkg / "__init__.py").read_text()
+    assert (init.index("from .alpha import *") < init.index("from .beta import *")
+            < init.index("from .gamma import *  # book/03-beta.md"))
+    code = "import agentrl as arl; print(arl.triple(2), arl.scaled(1), arl.gamma.triple(1))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=book, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(book)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["6", "6", "3"]
+    tangle_ok(book, "--check")
+    edit(book / "book" / "03-beta.md", GAMMA_CELL, "")
+    tangle_ok(book)
+    assert not (pkg / "gamma.py").exists()
+    assert "gamma" not in (pkg / "__init__.py").read_text()
+
+
+@pytest.mark.parametrize("name", ["Bad-Name", "2fast", "two words", "__init__"])
+def test_error_save_names_an_invalid_module(book, name):
+    ch = add_cells(book, GAMMA_CELL.replace("#@save gamma", f"#@save {name}"))
+    err = tangle_err(book)
+    line = _line_of(ch, f"#@save {name}")
+    assert f"book/03-beta.md: code cell 5 (line {line}): '#@save {name}'" in err
+    assert f"not a valid module name" in err and "'#@save translations'" in err
+    assert not (book / "agentrl").exists()                        # nothing written on error
+
+
+def test_error_save_names_another_chapters_module(book):
+    add_cells(book, GAMMA_CELL.replace("#@save gamma", "#@save alpha"))
+    err = tangle_err(book)
+    assert "book/03-beta.md and book/02-alpha.md both save module 'alpha'" in err
+
+
+def test_error_save_names_a_hand_written_module(book):
+    (book / "agentrl").mkdir()
+    (book / "agentrl" / "gamma.py").write_text("VALUE = 1\n")
+    add_cells(book, GAMMA_CELL)
+    err = tangle_err(book)
+    assert "names module 'gamma'" in err and "hand-written" in err
+
+
+def test_import_time_use_across_a_chapters_modules_follows_the_import_order(book):
+    ch = add_cells(book, GAMMA_CELL.replace("def scaled", "DEFAULT = arl.Scaler\n\n\ndef scaled"))
+    tangle_ok(book)                                # beta is imported before gamma
+    text = ch.read_text().replace("        return arl.double(x) * self.k\n```",
+                                  "        return arl.double(x) * self.k\n\n\n"
+                                  "TRIPLE = arl.triple\n```")
+    ch.write_text(text)
+    err = tangle_err(book)
+    assert "uses arl.triple at import time, but 'triple' is saved into agentrl/gamma.py" in err
+
+
+def test_demo_cells_are_saved_but_not_exported(book):
+    add_cells(book, DEMO_CELL)
+    tangle_ok(book)
+    beta = (book / "agentrl" / "beta.py").read_text()
+    assert "def show_off" in beta and "'show_off'" not in beta
+    assert "__all__ = [\n    'Scaler',\n]" in beta
+    code = ("import agentrl as arl; from agentrl.beta import show_off; "
+            "print(show_off(2), hasattr(arl, 'show_off'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=book, capture_output=True,
+                         text=True, env=dict(os.environ, PYTHONPATH=str(book)))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["x", "=", "2", "False"]
+
+
+def test_error_demo_names_used_through_arl_or_given_a_module(book):
+    add_cells(book, DEMO_CELL, GAMMA_CELL.replace("return 3 * x", "return arl.show_off(x)"))
+    err = tangle_err(book)
+    assert "uses arl.show_off, but 'show_off' is #@demo code of book/03-beta.md" in err
+    assert "use agentrl.beta.show_off" in err
+    edit(book / "book" / "03-beta.md", "arl.show_off(x)", "3 * x")
+    edit(book / "book" / "03-beta.md", "#@demo\n", "#@demo gamma\n")
+    assert "'#@demo gamma' names a module" in tangle_err(book)
+
+
+def test_the_sites_api_reader_files_names_under_the_module_tangle_writes(book):
+    """tools/agentrl_sphinx.py lists each exported name under the module its cell goes to."""
+    import agentrl_sphinx
+    add_cells(book, GAMMA_CELL, DEMO_CELL)
+    tangle_ok(book)
+    mods = [m for ch in ("02-alpha", "03-beta")
+            for m in agentrl_sphinx.read_chapter(book / "book" / f"{ch}.md", "", ch)]
+    assert {m.name: [e.name for e in m.entries] for m in mods} == {
+        "alpha": ["SCALE", "double"], "beta": ["Scaler"], "gamma": ["triple", "scaled"]}
+    assert {m.title for m in mods if m.name != "alpha"} == {"Beta"}
+    assert agentrl_sphinx.check_against_package(mods, book) == []
+
+
+def test_error_public_name_saved_in_two_modules_of_one_chapter(book):
+    add_cells(book, GAMMA_CELL.replace("def triple", "def Scaler"))
+    err = tangle_err(book)
+    assert "defines public name 'Scaler', already saved by book/03-beta.md" in err
+    assert "module beta" in err
 
 
 def test_repo_package_is_in_sync(repo):

@@ -1,9 +1,13 @@
 """to_verl and to_openrlhf checked by the trainers' own machinery, not by string comparison:
 verl's trainer config composed by Hydra with to_verl's overrides (struct mode: an unknown key
 fails), OpenRLHF's own argument parser and post-parse checks on to_openrlhf's flags; the values
-read back are the config's. to_trl on several processes. The setup installs verl 0.8.0 and
-openrlhf 0.11.2 without their GPU dependencies (tools/setup_env.sh), with hydra-core."""
+read back are the config's. to_trl on several processes. The caveats' descriptions of TRL's
+reuse of a generation and of OpenRLHF's group filter, against the installed source. The setup
+installs verl 0.8.0 and openrlhf 0.11.2 without their GPU dependencies (tools/setup_env.sh),
+with hydra-core; the versions themselves: tests/test_scaling.py."""
+import importlib.util
 import math
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +28,7 @@ CONFIGS = {'default': arl.RLConfig(), **{k: arl.RLConfig(**v) for k, v in arl.VA
 
 def composed(cfg):
     from omegaconf import OmegaConf
-    overrides, _ = arl.to_verl(cfg)
+    overrides = arl.to_verl(cfg).options
     return OmegaConf.to_container(trainer_configs.verl_compose(overrides), resolve=True)
 
 
@@ -37,7 +41,7 @@ def at(tree, key):
 @pytest.mark.parametrize('name', CONFIGS)
 def test_every_verl_override_composes_into_main_ppo_and_lands(name):
     cfg = CONFIGS[name]
-    overrides, _ = arl.to_verl(cfg)
+    overrides = arl.to_verl(cfg).options
     tree = composed(cfg)
     for item in overrides:
         key, value = item.split('=', 1)
@@ -73,21 +77,21 @@ def test_verl_loss_scale_factor_equals_our_constant_per_row():
 
 
 def test_dynamic_sampling_names_the_dapo_recipe_instead_of_a_dead_override():
-    overrides, missing = arl.to_verl(arl.RLConfig(**arl.VARIANTS['dapo']))
+    overrides, dropped, _ = arl.to_verl(arl.RLConfig(**arl.VARIANTS['dapo']))
     assert not any('filter_groups' in o for o in overrides)
-    assert 'only the DAPO recipe' in missing['dynamic_sampling']
-    assert missing['max_sample_rounds'] == missing['dynamic_sampling']
+    assert 'only the DAPO recipe' in dropped['dynamic_sampling']
+    assert dropped['max_sample_rounds'] == dropped['dynamic_sampling']
 
 
 def parsed(cfg):
-    flags, _ = arl.to_openrlhf(cfg)
+    flags = arl.to_openrlhf(cfg).options
     # a real run names its agent (the environment); dynamic filtering requires one
     return trainer_configs.openrlhf_validate([*flags, '--train.agent_func_path', 'agent.py'])
 
 
 @pytest.mark.parametrize('name', CONFIGS)
 def test_every_openrlhf_flag_parses_and_passes_openrlhfs_checks(name):
-    flags, _ = arl.to_openrlhf(CONFIGS[name])
+    flags = arl.to_openrlhf(CONFIGS[name]).options
     namespace = trainer_configs.openrlhf_parse(flags)
     assert getattr(namespace, 'algo.kl.init_coef') == CONFIGS[name].kl_coef
     parsed(CONFIGS[name])
@@ -100,7 +104,7 @@ def test_openrlhf_rejects_an_unknown_flag_so_the_check_can_fail():
 
 def test_openrlhf_carries_kl_off_the_batch_and_the_optimizer():
     cfg = arl.RLConfig(lr=3e-4, max_grad_norm=0.5, seed=7, epochs=2, temperature=0.7)
-    namespace = trainer_configs.openrlhf_parse(arl.to_openrlhf(cfg)[0])
+    namespace = trainer_configs.openrlhf_parse(arl.to_openrlhf(cfg).options)
     value = lambda key: getattr(namespace, key)                       # noqa: E731
     assert value('algo.kl.init_coef') == 0.0            # OpenRLHF's own default is 0.01
     assert value('rollout.batch_size') == cfg.prompts_per_step
@@ -115,38 +119,37 @@ def test_openrlhf_carries_kl_off_the_batch_and_the_optimizer():
 
 def test_openrlhf_mean_baseline_is_its_dr_grpo_estimator():
     namespace = trainer_configs.openrlhf_parse(
-        arl.to_openrlhf(arl.RLConfig(adv_mode='mean'))[0])
+        arl.to_openrlhf(arl.RLConfig(adv_mode='mean')).options)
     assert getattr(namespace, 'algo.advantage.estimator') == 'dr_grpo'
 
 
 def test_openrlhf_reward_kl_is_k1_and_its_placement_is_reported():
-    flags, missing = arl.to_openrlhf(
+    flags, _, caveats = arl.to_openrlhf(
         arl.RLConfig(kl_coef=0.05, kl_placement='reward', kl_kind='k3'))
     namespace = trainer_configs.openrlhf_parse(flags)
     assert getattr(namespace, 'algo.kl.estimator') == 'k1'
     assert not getattr(namespace, 'algo.kl.use_loss')
-    assert 'reward-to-go' in missing['kl_placement']          # not the same penalty as ours
+    assert 'reward-to-go' in caveats['kl_placement']          # not the same penalty as ours
 
 
 def test_verl_differences_we_cannot_switch_off_are_reported():
-    _, missing = arl.to_verl(arl.RLConfig())
-    assert 'clip_ratio_c' in missing['clip_low']
+    caveats = arl.to_verl(arl.RLConfig()).caveats
+    assert 'clip_ratio_c' in caveats['clip_low']
     tree = composed(arl.RLConfig())
     assert tree['actor_rollout_ref']['actor']['clip_ratio_c'] == 3.0   # what it reports
     assert tree['actor_rollout_ref']['actor']['shuffle'] is True
-    _, missing = arl.to_verl(arl.RLConfig(**arl.VARIANTS['grpo']))
-    assert 'aggregates the KL' in missing['loss_mode']
+    caveats = arl.to_verl(arl.RLConfig(**arl.VARIANTS['grpo'])).caveats
+    assert 'aggregates the KL' in caveats['loss_mode']
 
 
 def test_group_std_difference_is_reported_with_its_factor():
     for translate in (arl.to_trl, arl.to_verl, arl.to_openrlhf):
-        assert 'sqrt((G-1)/G)' in translate(arl.RLConfig())[1]['adv_mode']
+        assert 'sqrt((G-1)/G)' in translate(arl.RLConfig()).caveats['adv_mode']
 
 
 def test_to_trl_shares_the_batch_out_over_processes():
     cfg = arl.RLConfig()
-    one, _ = arl.to_trl(cfg)
-    four, _ = arl.to_trl(cfg, processes=4)
+    one, four = arl.to_trl(cfg).options, arl.to_trl(cfg, processes=4).options
     assert four['per_device_train_batch_size'] * 4 == one['per_device_train_batch_size']
     with pytest.raises(ValueError, match='on 5 process'):
         arl.to_trl(cfg, processes=5)
@@ -171,3 +174,33 @@ def test_the_chapters_throughput_options_exist_where_it_says():
     assert {'use_vllm', 'vllm_mode', 'vllm_gpu_memory_utilization',
             'generation_batch_size'} <= fields
     assert 'padding_free' not in fields
+
+
+def _installed_source(package, *parts):
+    """The text of a file of an installed package, found without importing it."""
+    origin = importlib.util.find_spec(package).origin
+    return Path(origin).parent.joinpath(*parts).read_text(encoding='utf-8')
+
+
+def test_openrlhfs_filter_is_the_mean_score_strictly_inside_the_range():
+    """What to_openrlhf's dynamic_sampling caveat says, in OpenRLHF's own code."""
+    generator = _installed_source('openrlhf', 'trainer', 'ppo_utils', 'samples_generator.py')
+    assert 'avg_reward = sum(scores) / len(scores)' in generator
+    assert 'if not (min_r < avg_reward < max_r):' in generator
+    agent = _installed_source('openrlhf', 'utils', 'agent.py')
+    assert 'final_scores = step_result.get("scores", total_reward)' in agent
+    assert 'dynamic_filtering_range' in arl.to_openrlhf(
+        arl.RLConfig(dynamic_sampling=True)).caveats['dynamic_sampling']
+
+
+def test_trl_reuses_a_generations_slices_as_to_trl_says():
+    """What to_trl's minibatches and epochs caveats say, in TRL's own GRPOTrainer."""
+    if importlib.util.find_spec('trl') is None:
+        pytest.skip('trl is not installed')
+    trainer = _installed_source('trl', 'trainer', 'grpo_trainer.py')
+    assert 'generate_every = self.args.steps_per_generation * self.num_iterations' in trainer
+    assert 'generation_batch = shuffle_sequence_dict(generation_batch)' in trainer
+    assert 'self._buffered_inputs[self._step % self.args.steps_per_generation]' in trainer
+    assert ('normalizer = normalizer * self.current_gradient_accumulation_steps / '
+            'self.args.steps_per_generation') in trainer            # dapo's divisor
+    assert 'if self.args.gradient_accumulation_steps % generate_every != 0' in trainer

@@ -40,6 +40,8 @@ PACKAGE = "agentrl"
 LABEL_RE = re.compile(r"^\((?P<label>[^)\s]+)\)=\s*$")
 FENCE_RE = re.compile(r"^(`{3,}|~{3,})")
 RECORDED_RE = re.compile(r"^book/recorded/(\d\d)-[a-z0-9-]+$")
+# tools/tangle.py's markers of exported cells: the chapter's module, or the module named
+SAVE_RE = re.compile(r"^#@save(?:\s+(?P<module>[a-z_][a-z0-9_]*))?\s*$")
 
 
 # ----------------------------------------------------------------------------- reading the book
@@ -70,13 +72,16 @@ class Module:
         return f"{PACKAGE}.{self.name}"
 
 
-def saved_code(source: str) -> str | None:
-    """The code of a ``#@save`` cell without its marker line, or None for other cells."""
+def saved_cell(source: str) -> tuple[str | None, str] | None:
+    """A ``#@save`` or ``#@save <module>`` cell -> (the module it names, None for the
+    chapter's; its code without the marker line); None for other cells (``#@demo`` cells
+    too: their names are not exported, so the API page does not list them)."""
     lines = source.split("\n")
     first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
-    if first is None or lines[first].strip() != "#@save":
+    m = SAVE_RE.match(lines[first].strip()) if first is not None else None
+    if m is None:
         return None
-    return "\n".join(lines[first + 1:])
+    return m.group("module"), "\n".join(lines[first + 1:])
 
 
 def top_level_public(tree: ast.Module) -> list[tuple[str, ast.stmt]]:
@@ -135,7 +140,8 @@ def _comment_above(lines: list[str], lineno: int) -> str:
     """The ``#`` comment lines right above line ``lineno`` (1-based) of a cell, joined."""
     out = []
     k = lineno - 2
-    while k >= 0 and lines[k].strip().startswith("#") and lines[k].strip() != "#@save":
+    while (k >= 0 and lines[k].strip().startswith("#")
+           and not SAVE_RE.match(lines[k].strip())):
         out.append(lines[k].strip().lstrip("#").strip())
         k -= 1
     return " ".join(reversed(out))
@@ -192,9 +198,11 @@ def entry_for(name: str, stmt: ast.stmt, code_lines: list[str], section: str | N
     return Entry(name, "data", "", _data_doc(stmt, code_lines), section, cell)
 
 
-def read_chapter(path: Path, docname: str, draft: str | None = None) -> Module | None:
-    """The module a chapter saves, with every public name (None: it saves none). ``path`` is a
-    recorded notebook, or for a draft (a chapter source not in the toc) its MyST source."""
+def read_chapter(path: Path, docname: str, draft: str | None = None) -> list[Module]:
+    """The modules a chapter saves, each with every public name: its front matter's module
+    first, then those its ``#@save <module>`` cells name, in order (none: it saves none).
+    ``path`` is a recorded notebook, or for a draft (a chapter source not in the toc) its
+    MyST source."""
     if path.suffix == ".md":
         import jupytext
         nb = json.loads(jupytext.writes(jupytext.read(path), fmt="ipynb"))
@@ -202,10 +210,11 @@ def read_chapter(path: Path, docname: str, draft: str | None = None) -> Module |
         nb = json.loads(path.read_text(encoding="utf-8"))
     module = (nb.get("metadata", {}).get("agentrl") or {}).get("module")
     if not module:
-        return None
-    mod = Module(str(module), docname, None, path.stem, draft=draft)
+        return []
+    mods = {str(module): Module(str(module), docname, None, path.stem, draft=draft)}
     pending_label = None
     section = None
+    label = title = None
     seen: set[str] = set()
     code_index = 0
     for c in nb.get("cells", []):
@@ -222,8 +231,8 @@ def read_chapter(path: Path, docname: str, draft: str | None = None) -> Module |
                 if m:
                     pending_label = m.group("label")
                     continue
-                if line.startswith("# ") and mod.label is None:
-                    mod.label, mod.title = pending_label, line[2:].strip()
+                if line.startswith("# ") and label is None:
+                    label, title = pending_label, line[2:].strip()
                 elif line.startswith("## "):
                     section = pending_label
                 if line.strip():
@@ -232,9 +241,11 @@ def read_chapter(path: Path, docname: str, draft: str | None = None) -> Module |
         if c["cell_type"] != "code":
             continue
         code_index += 1
-        code = saved_code(src)
-        if code is None:
+        saved = saved_cell(src)
+        if saved is None:
             continue
+        target, code = saved[0] or str(module), saved[1]
+        mod = mods.setdefault(target, Module(target, docname, None, path.stem, draft=draft))
         tree = ast.parse(code)
         lines = code.split("\n")
         for name, stmt in top_level_public(tree):
@@ -242,7 +253,9 @@ def read_chapter(path: Path, docname: str, draft: str | None = None) -> Module |
                 continue
             seen.add(name)
             mod.entries.append(entry_for(name, stmt, lines, section, code_index))
-    return mod
+    for mod in mods.values():
+        mod.label, mod.title = label, title or mod.title
+    return list(mods.values())
 
 
 def toc_docnames(root: Path) -> list[str]:
@@ -268,16 +281,12 @@ def read_book(root: Path) -> list[Module]:
     toc = toc_docnames(root)
     for doc in toc:
         if RECORDED_RE.match(doc) and (root / (doc + ".ipynb")).exists():
-            m = read_chapter(root / (doc + ".ipynb"), doc)
-            if m is not None:
-                mods.append(m)
+            mods += read_chapter(root / (doc + ".ipynb"), doc)
     listed = {d.replace("book/recorded/", "book/") + ".md" for d in toc}
     for src in sorted((root / "book").glob("[0-9][0-9]-*.md")):
         rel = f"book/{src.name}"
         if rel not in listed:
-            m = read_chapter(src, "", draft=rel)
-            if m is not None:
-                mods.append(m)
+            mods += read_chapter(src, "", draft=rel)
     return mods
 
 
@@ -438,19 +447,21 @@ def on_doctree_read(app, doctree):
     docname = app.env.docname
     if not _enabled(app) or not RECORDED_RE.match(docname):
         return
-    mod = next((m for m in _book(app) if m.docname == docname and not m.draft), None)
-    if mod is None:
+    mods = {m.name: m for m in _book(app) if m.docname == docname and not m.draft}
+    if not mods:
         return
-    owned = {e.name for e in mod.entries}
+    own = next(iter(mods))                     # the chapter's front-matter module
     for cell in list(doctree.findall(nodes.container)):
         if cell.get("nb_element") != "cell_code":
             continue
         src = next((c for c in cell.findall(nodes.literal_block)), None)
         if src is None:
             continue
-        code = saved_code(src.astext())
-        if code is None:
+        saved = saved_cell(src.astext())
+        if saved is None or mods.get(saved[0] or own) is None:
             continue
+        mod, code = mods[saved[0] or own], saved[1]
+        owned = {e.name for e in mod.entries}
         try:
             names = [n for n, _ in top_level_public(ast.parse(code)) if n in owned]
         except SyntaxError:

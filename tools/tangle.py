@@ -14,11 +14,22 @@ toc are drafts: they are tangled too, placed by their number ``NN`` (a chapter m
 before it can be recorded, and it is recorded before it is added to the toc).  The toc must
 list chapters in increasing ``NN`` order.
 
-A cell is saved when its first code line is ``#@save``.  Each chapter that saves code names its
-module in its front matter (``agentrl: {module: gym}``).  The generated module starts with a
-header naming its chapter; ``agentrl/__init__.py`` (also generated) star-imports the modules in
-book order, so saved code may use ``arl.X`` for names of *earlier* chapters at import time.
-Files in ``agentrl/`` without the generated header are hand-written and never touched.
+A cell is saved when its first code line is a marker:
+
+* ``#@save``: the cell goes to the chapter's module, named in its front matter
+  (``agentrl: {module: gym}``); its public names are exported as ``arl.X``.
+* ``#@save <module>``: the cell goes to ``agentrl/<module>.py`` instead, a second module of the
+  same chapter (chapter 14 keeps its trainer translations in ``translations``); ``<module>`` is
+  a lowercase identifier that no other chapter uses.
+* ``#@demo``: the cell goes to the chapter's module, but its names stay out of ``__all__``:
+  demonstration code the chapter, its tests and benchmarks call as
+  ``agentrl.<module>.X``, not part of ``arl``.
+
+Every generated module starts with a header naming its chapter; ``agentrl/__init__.py`` (also
+generated) star-imports the modules in book order (within a chapter: its front-matter module,
+then the others in the order their first cell appears), so saved code may use ``arl.X`` at
+import time for names of modules imported before its own.  Files in ``agentrl/`` without the
+generated header are hand-written and never touched.
 """
 from __future__ import annotations
 
@@ -38,6 +49,7 @@ CHAPTER_RE = re.compile(r"^(\d\d)-[a-z0-9][a-z0-9-]*\.md$")
 FENCE_RE = re.compile(r"^(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
 CODE_CELL_RE = re.compile(r"^\{code-cell\}")
 MODULE_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+MARKER_RE = re.compile(r"^#@(?P<kind>save|demo)(?:\s+(?P<module>.*?))?\s*$")
 PACKAGE = "agentrl"
 
 
@@ -49,8 +61,11 @@ class TangleError(Exception):
 class Cell:
     index: int          # 1-based index among the chapter's code cells
     line: int           # 1-based line of the first code line in the chapter file
-    code: str           # code without the option block (and without #@save for saved cells)
+    code: str           # code without the option block (and without the marker line)
     saved: bool
+    marker: str = ""    # the marker line as written: "#@save", "#@save translations", "#@demo"
+    target: str | None = None   # module named by "#@save <module>"; None: the chapter's
+    exported: bool = True       # False for "#@demo" cells
 
 
 @dataclass
@@ -61,11 +76,24 @@ class Chapter:
     in_toc: bool
     module: str | None = None
     cells: list[Cell] = field(default_factory=list)
-    exports: list[str] = field(default_factory=list)
+    exports: dict[str, list[str]] = field(default_factory=dict)   # module -> __all__
 
     @property
     def saved(self) -> list[Cell]:
         return [c for c in self.cells if c.saved]
+
+    def module_of(self, cell: Cell) -> str | None:
+        """The module a saved cell goes to."""
+        return cell.target or self.module
+
+    @property
+    def modules(self) -> list[str]:
+        """The modules this chapter generates: its own, then the others by first cell."""
+        names = [self.module] if self.module else []
+        for cell in self.saved:
+            if self.module_of(cell) not in names:
+                names.append(self.module_of(cell))
+        return names
 
 
 # ----------------------------------------------------------------------------- reading
@@ -150,15 +178,35 @@ def parse_cells(text: str, rel: str) -> tuple[dict, list[Cell]]:
                     k += 1
             code_lines = body[k:]
             first = next((n for n, ln in enumerate(code_lines) if ln.strip()), None)
-            saved = first is not None and code_lines[first].strip() == "#@save"
-            if saved:
+            marker = MARKER_RE.match(code_lines[first].strip()) if first is not None else None
+            cell = Cell(index=len(cells) + 1, line=i + 2 + k, code="", saved=bool(marker))
+            if marker:                          # the marker's line, then the code's
+                cell.line += first
+                cell.marker = code_lines[first].strip()
+                cell.target = _marker_target(marker, rel, cell)
+                cell.exported = marker.group("kind") == "save"
                 code_lines = code_lines[first + 1:]
-                offset = k + first + 1
-            else:
-                offset = k
-            cells.append(Cell(index=len(cells) + 1, line=i + 2 + offset,
-                              code="\n".join(code_lines).strip("\n"), saved=saved))
+                cell.line += 1
+            cell.code = "\n".join(code_lines).strip("\n")
+            cells.append(cell)
     return meta, cells
+
+
+def _marker_target(marker: re.Match, rel: str, cell: Cell) -> str | None:
+    """The module a "#@save <module>" marker names (None: the chapter's); a bad name, or a
+    module on "#@demo", is a TangleError naming the chapter and the cell."""
+    module = marker.group("module")
+    if module is None:
+        return None
+    where = f"{rel}: code cell {cell.index} (line {cell.line})"
+    if marker.group("kind") == "demo":
+        raise TangleError(f"{where}: '#@demo {module}' names a module, but #@demo cells go to "
+                          f"the chapter's own module; write '#@demo' alone")
+    if not MODULE_RE.match(module) or module == "__init__":
+        raise TangleError(f"{where}: '#@save {module}' names module {module!r}, which is not a "
+                          f"valid module name: expected lowercase letters, digits and "
+                          f"underscores, not starting with a digit (e.g. '#@save translations')")
+    return module
 
 
 def discover(root: Path) -> list[Chapter]:
@@ -193,10 +241,11 @@ def discover(root: Path) -> list[Chapter]:
                 raise TangleError(f"{rel}: front matter agentrl.module {module!r} is not a valid "
                                   f"module name (lowercase letters, digits, underscores)")
         ch.module = module
-        if ch.saved and not module:
-            c = ch.saved[0]
-            raise TangleError(f"{rel}: code cell {c.index} (line {c.line}) is #@save but the "
-                              f"front matter has no 'agentrl: module: <name>'")
+        untargeted = [c for c in ch.saved if c.target is None]
+        if untargeted and not module:
+            c = untargeted[0]
+            raise TangleError(f"{rel}: code cell {c.index} (line {c.line}) is {c.marker} but "
+                              f"the front matter has no 'agentrl: module: <name>'")
         chapters.append(ch)
     return chapters
 
@@ -293,6 +342,21 @@ class _ImportTimeUses(ast.NodeVisitor):
         self.depth -= 1
 
 
+def _register_modules(chapters: list[Chapter]) -> dict[str, Chapter]:
+    """Module name -> the chapter that generates it, in __init__'s import order; a module
+    named by two chapters is a TangleError."""
+    modules: dict[str, Chapter] = {}
+    for ch in chapters:
+        for module in ch.modules:
+            other = modules.get(module)
+            if other is not None:
+                raise TangleError(f"{ch.rel} and {other.rel} both save module '{module}' (in "
+                                  f"their front matter or on a '#@save {module}' line); a "
+                                  f"module belongs to one chapter")
+            modules[module] = ch
+    return modules
+
+
 def analyse(chapters: list[Chapter], hand_written: frozenset = frozenset()) -> list[str]:
     """Parse saved cells, compute exports, and check cross-chapter rules; hand_written: the
     package's hand-written modules, which saved cells may import.
@@ -300,17 +364,12 @@ def analyse(chapters: list[Chapter], hand_written: frozenset = frozenset()) -> l
     Raises TangleError on the first hard error; returns a list of warnings.
     """
     warnings: list[str] = []
-    owner: dict[str, tuple[Chapter, Cell]] = {}
-    modules: dict[str, Chapter] = {}
+    owner: dict[str, tuple[Chapter, str, Cell]] = {}     # name -> (chapter, module, cell)
+    modules = _register_modules(chapters)
     trees: dict[int, list[tuple[Cell, ast.Module]]] = {}
     for ch in chapters:
-        if ch.module:
-            if ch.module in modules:
-                raise TangleError(f"{ch.rel} and {modules[ch.module].rel} both name module "
-                                  f"'{ch.module}' in their front matter")
-            modules[ch.module] = ch
         parsed = []
-        exports: list[str] = []
+        ch.exports = {module: [] for module in ch.modules}
         for cell in ch.saved:
             try:
                 tree = ast.parse(cell.code, filename=ch.rel)
@@ -319,22 +378,25 @@ def analyse(chapters: list[Chapter], hand_written: frozenset = frozenset()) -> l
                 raise TangleError(f"{ch.rel}: saved code cell {cell.index} (line {line}) does "
                                   f"not parse: {e.msg}") from None
             parsed.append((cell, tree))
+            module = ch.module_of(cell)
             for name in _top_level_names(tree):
-                if name.startswith("_") or name in exports:
+                if name.startswith("_"):
                     continue
-                if name in owner and owner[name][0] is not ch:
-                    och, ocell = owner[name]
+                if name in owner and owner[name][:2] != (ch, module):
+                    och, omodule, ocell = owner[name]
                     raise TangleError(
                         f"{ch.rel}: saved code cell {cell.index} (line {cell.line}) defines "
                         f"public name '{name}', already saved by {och.rel} (code cell "
-                        f"{ocell.index}, line {ocell.line}); a public name may be saved by only "
-                        f"one chapter (rename it, or prefix a helper with '_')")
-                owner[name] = (ch, cell)
-                exports.append(name)
-        ch.exports = exports
+                        f"{ocell.index}, line {ocell.line}, module {omodule}); a public name "
+                        f"may be saved by only one chapter and module (rename it, or prefix a "
+                        f"helper with '_')")
+                if name not in owner:
+                    owner[name] = (ch, module, cell)
+                if cell.exported and name not in ch.exports[module]:
+                    ch.exports[module].append(name)
         trees[id(ch)] = parsed
 
-    position = {id(ch): i for i, ch in enumerate(chapters)}
+    position = {module: i for i, module in enumerate(modules)}
     for ch in chapters:
         aliases = {"arl"}
         for cell, tree in trees[id(ch)]:
@@ -344,25 +406,45 @@ def analyse(chapters: list[Chapter], hand_written: frozenset = frozenset()) -> l
             for name, lineno, at_import in v.uses:
                 if (name.startswith("__") and name.endswith("__")) or name in hand_written:
                     continue
-                line = cell.line + lineno - 1
-                where = f"{ch.rel}: saved code cell {cell.index} (line {line})"
-                definer = owner.get(name, (modules.get(name), None))[0]
-                if definer is None:
-                    msg = (f"{where} uses arl.{name}, but no chapter saves a name '{name}'")
-                    if at_import:
-                        raise TangleError(msg + " (needed at import time)")
-                    warnings.append("warning: " + msg)
+                where = f"{ch.rel}: saved code cell {cell.index} (line {cell.line + lineno - 1})"
+                problem = _use_problem(name, at_import, ch.module_of(cell), owner, modules,
+                                       position)
+                if problem is None:
                     continue
-                if not at_import:
-                    continue
-                if definer is ch:
-                    raise TangleError(f"{where} uses arl.{name} at import time, but '{name}' is "
-                                      f"saved by this same chapter: refer to it directly as "
-                                      f"'{name}'")
-                if position[id(definer)] > position[id(ch)]:
-                    raise TangleError(f"{where} uses arl.{name} at import time, but '{name}' is "
-                                      f"saved only by the later chapter {definer.rel}")
+                message, fatal = problem
+                if fatal:
+                    raise TangleError(f"{where} uses arl.{name}{message}")
+                warnings.append(f"warning: {where} uses arl.{name}{message}")
     return warnings
+
+
+def _use_problem(name: str, at_import: bool, module: str, owner: dict, modules: dict,
+                 position: dict) -> tuple[str, bool] | None:
+    """What is wrong with a saved cell of `module` using arl.<name> (at import time or at
+    run time) -> (the rest of the message, whether it is an error), or None."""
+    if name in modules:                              # agentrl.<module> itself
+        definer, cell = name, None
+    elif name in owner:
+        definer, cell = owner[name][1], owner[name][2]
+    elif at_import:
+        return f", but no chapter saves a name '{name}' (needed at import time)", True
+    else:
+        return f", but no chapter saves a name '{name}'", False
+    if cell is not None and not cell.exported:
+        return (f", but '{name}' is #@demo code of {modules[definer].rel}, not exported: "
+                f"use {PACKAGE}.{definer}.{name}"), True
+    if not at_import:
+        return None
+    if definer == module:
+        return (f" at import time, but '{name}' is saved by this same chapter (module "
+                f"{module}): refer to it directly as '{name}'"), True
+    if position[definer] < position[module]:
+        return None
+    if modules[definer] is modules[module]:
+        return (f" at import time, but '{name}' is saved into {PACKAGE}/{definer}.py, which "
+                f"{PACKAGE}/__init__.py imports after {module}"), True
+    return (f" at import time, but '{name}' is saved only by the later chapter "
+            f"{modules[definer].rel}"), True
 
 
 # ----------------------------------------------------------------------------- output
@@ -373,9 +455,12 @@ def _format_all(names: list[str]) -> str:
     return "__all__ = [\n" + "".join(f"    {n!r},\n" for n in names) + "]\n"
 
 
-def render_module(ch: Chapter) -> str:
-    parts = [HEADER.format(src=ch.rel), _format_all(ch.exports)]
+def render_module(ch: Chapter, module: str) -> str:
+    """The text of agentrl/<module>.py: the header, __all__, the chapter's cells for it."""
+    parts = [HEADER.format(src=ch.rel), _format_all(ch.exports.get(module, []))]
     for cell in ch.saved:
+        if ch.module_of(cell) != module:
+            continue
         code = "\n".join(line.rstrip() for line in cell.code.split("\n")).strip("\n")
         if code:
             parts.append(code + "\n")
@@ -397,7 +482,8 @@ def render_init(chapters: list[Chapter], version: str) -> str:
              "``import agentrl as arl``.\n"
              '"""\n',
              f"__version__ = {version!r}\n"]
-    imports = "".join(f"from .{ch.module} import *  # {ch.rel}\n" for ch in chapters if ch.module)
+    imports = "".join(f"from .{module} import *  # {ch.rel}\n"
+                      for ch in chapters for module in ch.modules)
     if imports:
         lines.append(imports)
     return "\n".join(lines)
@@ -420,13 +506,13 @@ def plan(root: Path) -> tuple[dict[Path, str], list[Path], list[str]]:
     warnings = analyse(chapters, hand_written)
     want: dict[Path, str] = {}
     for ch in chapters:
-        if ch.module:
-            target = pkg / f"{ch.module}.py"
+        for module in ch.modules:
+            target = pkg / f"{module}.py"
             if target.exists() and not is_generated(target):
-                raise TangleError(f"{ch.rel} names module '{ch.module}', but {PACKAGE}/"
-                                  f"{ch.module}.py is hand-written (no generated header); "
+                raise TangleError(f"{ch.rel} names module '{module}', but {PACKAGE}/"
+                                  f"{module}.py is hand-written (no generated header); "
                                   f"rename one of them")
-            want[target] = render_module(ch)
+            want[target] = render_module(ch, module)
     init = pkg / "__init__.py"
     if init.exists() and not is_generated(init):
         raise TangleError(f"{PACKAGE}/__init__.py is hand-written; it must be generated by "
