@@ -50,7 +50,9 @@ def importance_weights(logp, behavior_logp, mask, level='token', truncate=None,
         raise ValueError(f'logp {tuple(logp.shape)}, behavior_logp '
                          f'{tuple(behavior_logp.shape)} and mask {tuple(mask.shape)} '
                          f'must share one shape [B, T]')
-    log_w = (logp - behavior_logp).detach() * mask
+    keep = mask.bool()
+    # where, not a product: a log-prob of -inf off the mask would make 0 * inf = nan
+    log_w = torch.where(keep, (logp - behavior_logp).detach(), torch.zeros_like(logp))
     if level == 'sequence':
         log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
     weights = log_w.exp()
@@ -58,7 +60,7 @@ def importance_weights(logp, behavior_logp, mask, level='token', truncate=None,
         weights = weights.clamp(max=truncate)
     if band is not None:
         weights = weights * ((weights >= band[0]) & (weights <= band[1]))
-    return torch.where(mask.bool(), weights, torch.zeros_like(weights))
+    return torch.where(keep, weights, torch.zeros_like(weights))
 
 
 def behavior_kl(logp, behavior_logp, mask):
@@ -274,7 +276,8 @@ class RolloutWorker:
         self.weights.put(pickle.dumps((version, model.state_dict())))
 
     def next_batch(self, timeout=600):
-        """-> (version that sampled it, episodes kept, episodes sampled)."""
+        """-> (version that sampled it, episodes kept, episodes sampled, seconds the
+        worker spent sampling them)."""
         try:
             return pickle.loads(self.batches.get(timeout=timeout))
         except queue_module.Empty:
@@ -298,16 +301,18 @@ def _sample_steps(model, tasks, tok, fields, steps, max_staleness, weights, batc
             except queue_module.Empty:
                 break
             model.load_state_dict(state)
+        start = time.perf_counter()
         kept, sampled = arl.sample_step(model, lambda: arl.make_env(cfg), tasks, tok,
                                         cfg, generator)
-        batches.put(pickle.dumps((version, kept, sampled)))
+        seconds = time.perf_counter() - start
+        batches.put(pickle.dumps((version, kept, sampled, seconds)))
 
 
 def train_async(model, tasks, tok, cfg, steps, objective=None, queue_size=1,
                 max_staleness=2):
     """Train model in place, sampling in a RolloutWorker and learning here -> history
-    (each record with its batch's staleness and the clock time at its end);
-    objective None = TIS at C = 2."""
+    (each record with its batch's staleness, the seconds spent sampling it and learning
+    from it, and the clock time at its end); objective None = TIS at C = 2."""
     objective = objective or Decoupled(truncate=2.0)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -316,8 +321,10 @@ def train_async(model, tasks, tok, cfg, steps, objective=None, queue_size=1,
     with RolloutWorker(model, tasks, tok, cfg, steps, queue_size,
                        max_staleness) as worker:
         for step in range(steps):
-            version, kept, sampled = worker.next_batch()
+            version, kept, sampled, seconds = worker.next_batch()
+            start = time.perf_counter()
             record = dict(step=step, staleness=step - version, n_episodes=len(sampled),
+                          sample_seconds=seconds,
                           zero_adv_frac=arl.zero_advantage_fraction(sampled,
                                                                     cfg.group_size))
             record.update(arl.behavior_stats(sampled))
@@ -325,6 +332,7 @@ def train_async(model, tasks, tok, cfg, steps, objective=None, queue_size=1,
                 # chapter 9's learning step, as train_rl takes it
                 record.update(arl.grpo._learn_from(kept, model, optimizer, tok, cfg,
                                                    ref_model, generator, objective))
+            record['learn_seconds'] = time.perf_counter() - start
             if step + 1 < steps:
                 worker.send(model, step + 1)
             record['time'] = time.perf_counter()

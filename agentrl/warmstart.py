@@ -112,7 +112,8 @@ class ReverseKL(arl.Objective):
 def imitate_teacher(student, teacher, tasks, tok, cfg, steps, eval_tasks=None,
                     eval_every=5):
     """Fit student in place to episodes the teacher samples, cfg.epochs x
-    cfg.minibatches NLL steps per step of cfg's batch size -> history."""
+    cfg.minibatches NLL steps per step of cfg's batch size -> history (per step the
+    teacher's mean reward, its episodes' mean policy tokens and the student's NLL)."""
     if cfg.dynamic_sampling:
         raise ValueError('imitate_teacher learns from every episode the teacher '
                          'samples; dynamic_sampling=True would drop its all-pass '
@@ -130,8 +131,9 @@ def imitate_teacher(student, teacher, tasks, tok, cfg, steps, eval_tasks=None,
         batch = arl.collate(episodes, tok.pad_id)
         advantages = objective.advantages(batch, episodes, cfg)
         record = dict(step=step, n_episodes=len(sampled), teacher_reward=_mean_reward(
-            episodes), nll=_imitation_steps(student, optimizer, batch, advantages, cfg,
-                                            objective, generator))
+            episodes), length=float(batch['action_mask'].sum()) / len(episodes),
+            nll=_imitation_steps(student, optimizer, batch, advantages, cfg, objective,
+                                 generator))
         if eval_tasks is not None and (step % eval_every == 0 or step == steps - 1):
             record['eval_pass'] = arl.evaluate(
                 student, eval_tasks, tok, arl.EVAL_SAMPLES, cfg.temperature,

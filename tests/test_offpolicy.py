@@ -273,6 +273,16 @@ def test_an_overflowing_sequence_weight_is_never_nan_off_the_mask():
     assert w[0, 1] == 0 and not torch.isnan(w).any()
 
 
+@pytest.mark.parametrize('level', ['token', 'sequence'])
+def test_a_log_prob_of_minus_inf_off_the_mask_gives_weight_zero(level):
+    """Padding may carry -inf log-probs; a product with the mask would make 0 * inf = nan."""
+    logp = torch.tensor([[0.5, -math.inf]], dtype=D)
+    w = op.importance_weights(logp, torch.zeros(1, 2, dtype=D), torch.tensor([[1.0, 0.0]], dtype=D),
+                              level=level)
+    assert not torch.isnan(w).any() and w[0, 1] == 0
+    assert abs(w[0, 0].item() - math.exp(0.5)) <= 1e-12 * math.exp(0.5)
+
+
 def test_plain_agent_is_a_tiny_agent_with_the_same_weights():
     agent = op.BehaviorAgent.like(tiny_agent(3), lag=2)
     plain = op.plain_agent(agent)
@@ -293,6 +303,8 @@ def test_train_async_keeps_staleness_within_its_bound(queue_size, max_staleness)
     assert history[0]['staleness'] == 0                 # the first batch: the starting weights
     assert all('is_cut' in h and 'grad_norm' in h for h in history)     # every batch learned
     assert all(h['n_episodes'] == 4 and 0 <= h['zero_adv_frac'] <= 1 for h in history)
+    # the phase times the chapter's ceiling is computed from
+    assert all(h['sample_seconds'] > 0 and h['learn_seconds'] > 0 for h in history)
 
 
 def test_train_async_takes_chapter_9s_kl_reference():

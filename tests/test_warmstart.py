@@ -2,6 +2,7 @@
 on-policy distillation by reverse KL, imitation of a teacher, the exact per-token reverse KL,
 LoRA adapters, and the worker pool the chapter runs its training through."""
 import copy
+import functools
 import math
 import pickle
 
@@ -210,6 +211,19 @@ def test_imitate_teacher_is_deterministic_and_leaves_the_teacher_alone():
     assert [('eval_pass' in h) for h in runs[0]] == [True, False, True]
     assert all(torch.equal(frozen[k], v) for k, v in teacher.state_dict().items())
     assert all(h['n_episodes'] == 4 and math.isfinite(h['nll']) for h in runs[0])
+
+
+def test_imitate_teacher_records_the_teachers_mean_policy_tokens_as_train_rl_does():
+    """'length' is what the chapter's budget counts: the teacher's episodes' mean policy
+    tokens, the same quantity train_rl records for its own episodes."""
+    teacher, cfg = tiny_agent(1), small_cfg(seed=3)
+    history = ws.imitate_teacher(tiny_agent(2), teacher, TRAIN, TOK, cfg, 1)
+    episodes, _ = arl.sample_step(teacher, functools.partial(arl.make_env, cfg), TRAIN, TOK,
+                                  cfg, torch.Generator().manual_seed(cfg.seed))
+    want = sum(float(t.action_mask.sum()) for t in episodes) / len(episodes)
+    assert abs(history[0]['length'] - want) <= 1e-12 * want
+    rl = arl.train_rl(copy.deepcopy(teacher), TRAIN, TOK, cfg, 1)
+    assert abs(rl[0]['length'] - want) <= 1e-12 * want
 
 
 @pytest.fixture(scope='module')
