@@ -37,12 +37,15 @@ WEIGHT_LEVELS = ('token', 'sequence')
 def importance_weights(logp, behavior_logp, mask, level='token', truncate=None,
                        band=None):
     """Weights pi/mu of the sampled tokens per token or per sequence, truncated at
-    `truncate` or zeroed outside band = (low, high): logp, behavior_logp, mask [B, T]
-    -> [B, T] (0 off the mask, no gradient)."""
+    `truncate` or (not both) zeroed outside band = (low, high): logp, behavior_logp,
+    mask [B, T] -> [B, T] (0 off the mask, no gradient)."""
     if level not in WEIGHT_LEVELS:
         raise ValueError(f'unknown level {level!r}; expected one of {WEIGHT_LEVELS}')
     if truncate is not None and not truncate > 0:
         raise ValueError(f'truncate must be None or positive, got {truncate!r}')
+    if truncate is not None and band is not None:
+        raise ValueError(f'truncate={truncate!r} and band={band!r}: choose one (TIS '
+                         f'truncates, IcePop masks)')
     if band is not None and not (len(band) == 2 and 0 <= band[0] < 1 < band[1]):
         raise ValueError(f'band must be None or (low, high) with 0 <= low < 1 < high, '
                          f'got {band!r}')
@@ -155,9 +158,9 @@ def toy_scores(logits, seqs):
 def gradient_moments(logits, behavior_logits, rewards, level='token', truncate=None,
                      band=None):
     """Exact bias and spread of the importance-weighted policy gradient from one
-    episode of the behaviour policy, relative to the true gradient's norm, and the
-    cosine of its mean with the true gradient: logits [T, V+1, V], rewards [V**T]
-    (toy_sequences order) -> dict."""
+    episode of the behaviour policy, relative to the true gradient's norm, the length
+    of its mean (scale) in the same unit, and the cosine of its mean with the true
+    gradient: logits [T, V+1, V], rewards [V**T] (toy_sequences order) -> dict."""
     seqs = toy_sequences(logits.shape[0], logits.shape[2])
     logp = toy_log_probs(logits, seqs)
     behavior_logp = toy_log_probs(behavior_logits, seqs)
@@ -172,6 +175,7 @@ def gradient_moments(logits, behavior_logits, rewards, level='token', truncate=N
     spread = (mu @ (estimates - mean).square().sum(-1)).sqrt()
     return dict(bias=((mean - true).norm() / true.norm()).item(),
                 sd=(spread / true.norm()).item(),
+                scale=(mean.norm() / true.norm()).item(),
                 cos=torch.nn.functional.cosine_similarity(mean, true, 0).item())
 
 

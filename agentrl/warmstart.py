@@ -59,10 +59,12 @@ def fine_tune(model, demos, epochs=30, lr=2e-3, seed=0, rank=None):
 
 class Imitation(arl.Objective):
     """Supervised learning on the batch's episodes whose reward is at least min_reward
-    (None: all of them): the mean negative log-likelihood of their policy tokens."""
+    (None: all of them): the mean negative log-likelihood of their policy tokens. With
+    dynamic_sampling the loop drops all-pass groups first, successes included."""
 
     def __init__(self, min_reward=None):
-        if min_reward is not None and not isinstance(min_reward, (int, float)):
+        if min_reward is not None and (isinstance(min_reward, bool)
+                                       or not isinstance(min_reward, (int, float))):
             raise ValueError(f'min_reward must be a number or None, got {min_reward!r}')
         self.min_reward = min_reward
 
@@ -118,6 +120,9 @@ def imitate_teacher(student, teacher, tasks, tok, cfg, steps, eval_tasks=None,
         raise ValueError('imitate_teacher learns from every episode the teacher '
                          'samples; dynamic_sampling=True would drop its all-pass '
                          'groups')
+    if cfg.kl_coef or cfg.entropy_coef:
+        raise ValueError(f'imitate_teacher has no KL or entropy term; got kl_coef='
+                         f'{cfg.kl_coef!r}, entropy_coef={cfg.entropy_coef!r} (use 0)')
     if teacher.embed.num_embeddings != student.embed.num_embeddings:
         raise ValueError(f"the teacher's vocabulary has {teacher.embed.num_embeddings} "
                          f"words, the student's {student.embed.num_embeddings}")
@@ -211,7 +216,7 @@ def token_reverse_kl(student, teacher, ids, mask):
 
 def kl_by_call(student, teacher, episodes, tok, calls=4):
     """Mean exact reverse KL of the policy tokens of each call 0..calls-1 of episodes
-    -> [calls] floats (nan where no episode made that call)."""
+    -> [calls] floats (nan where no episode made that call; later calls not counted)."""
     batch = arl.collate(episodes, tok.pad_id)
     kl = token_reverse_kl(student, teacher, batch['ids'], batch['action_mask'])
     turn = arl.turn_of_token(batch['action_mask'])
@@ -239,7 +244,8 @@ class LoRALinear(nn.Module):
 
     @property
     def weight(self):
-        """The frozen weight [out, in] (its shape and dtype are what callers read)."""
+        """The frozen weight [out, in] (its shape and dtype are what callers read; a
+        caller computing linear(x, m.weight) would bypass the adapter: call m(x))."""
         return self.base.weight
 
     def forward(self, x):

@@ -115,6 +115,55 @@ def test_decoupled_weights_the_advantage_and_reports_the_cut():
     assert stats['behavior_kl'] == pytest.approx(math.exp(2) - 3, abs=1e-9)
 
 
+class _HalvedOn(op.Recomputed):
+    """Chapter 9's loss around pi_prox with the advantage halved on chosen tokens: what
+    Decoupled() must compute when mu makes the weight 1/2 there and 1 elsewhere."""
+
+    def __init__(self, chosen):
+        self.chosen = chosen
+
+    def loss(self, logp, batch, rows, advantages, cfg):
+        scale = 1.0 - 0.5 * self.chosen[rows]
+        per_token = advantages[:, None] * scale
+        return arl.policy_loss(logp, batch['prox_logp'][rows], per_token,
+                               batch['action_mask'][rows], cfg)
+
+
+def test_decoupled_weights_each_token_by_its_own_ratio():
+    """A weight of 1/2 on every other policy token and 1 on the rest: Decoupled() must be
+    chapter 9's loss with exactly those tokens' advantages halved (catches an inverted
+    weight or a weight applied to the wrong rows or tokens)."""
+    cfg = small_cfg(group_size=4)
+    _, batch = sampled_batch(tiny_agent(0), cfg)
+    mask = batch['action_mask']
+    chosen = ((mask.cumsum(-1) % 2 == 1) & mask.bool()).to(D)
+    # the sampler of tiny_agent(0) is the learner, so mu = pi_prox: raising mu's log-prob
+    # by log 2 on the chosen tokens makes pi_prox / mu = 1/2 there
+    _, batch_mu = sampled_batch(tiny_agent(0), cfg)
+    batch_mu['sample_logp'] = batch_mu['sample_logp'] + math.log(2.0) * chosen
+    loss, grad, stats = _loss_and_grad(op.Decoupled(), batch_mu, cfg)
+    want_loss, want_grad, _ = _loss_and_grad(_HalvedOn(chosen), batch, cfg)
+    assert loss == pytest.approx(want_loss, abs=1e-12)
+    assert (grad - want_grad).abs().max() < 1e-12
+    assert stats['is_weight'] == pytest.approx(1.0 - 0.5 * chosen.sum().item() / mask.sum().item(),
+                                               abs=1e-9)
+
+
+def test_importance_weights_refuses_truncation_and_a_band_together():
+    with pytest.raises(ValueError, match='choose one'):
+        op.importance_weights(PROX, ZERO, MASK, truncate=2.0, band=(0.5, 3.0))
+    with pytest.raises(ValueError, match='choose one'):
+        op.Decoupled(truncate=2.0, band=(0.5, 3.0))
+
+
+def test_gradient_moments_scale_is_the_mean_estimates_length():
+    logits, noise, rewards = _toy()
+    on = op.gradient_moments(logits, logits, rewards, 'sequence')
+    assert on['scale'] == pytest.approx(1.0, abs=1e-12)      # unbiased on the policy itself
+    cut = op.gradient_moments(logits, logits + noise, rewards, 'sequence', truncate=1.5)
+    assert cut['scale'] < 1.0                                # truncation shrinks the mean
+
+
 def test_recomputed_prepare_is_the_learners_log_probs():
     cfg = small_cfg()
     model = tiny_agent(1)

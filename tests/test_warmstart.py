@@ -240,6 +240,15 @@ def test_imitate_teacher_rejects_dynamic_sampling_and_another_vocabulary():
     other = arl.TinyAgent(len(TOK) + 1, d_model=16, n_layers=1, n_heads=2, d_ff=32)
     with pytest.raises(ValueError, match='vocabulary'):
         ws.imitate_teacher(tiny_agent(2), other, TRAIN, TOK, small_cfg(), 1)
+    for fields in (dict(kl_coef=0.1), dict(entropy_coef=0.01)):
+        with pytest.raises(ValueError, match='has no KL or entropy term'):
+            ws.imitate_teacher(tiny_agent(2), tiny_agent(1), TRAIN, TOK, small_cfg(**fields), 1)
+
+
+@pytest.mark.parametrize('bad', [True, '1', [1.0]])
+def test_imitation_rejects_a_threshold_that_is_not_a_number(bad):
+    with pytest.raises(ValueError, match='min_reward must be a number or None'):
+        ws.Imitation(bad)
 
 
 def test_imitate_teacher_fits_the_teachers_episodes(sharp_teacher):
