@@ -13,8 +13,9 @@ a column per metric, or verl's or OpenRLHF's console output; ``--trainer`` (trl,
 openrlhf) names the trainer when its metric names do not tell. On a log only the checks
 whose statistics the trainer logs run; the others are listed with what they lack.
 Exit status: 0 when nothing has a finding, 1 when something has, 2 when a path is not a
-run or a readable log, or no check can run on it. The checks and their thresholds are ``agentrl.debugging`` (book
-chapter 19); the trainers' metric names are mapped in ``agentrl.trainer_logs``.
+run or a readable log, or no check can run on it. The checks and their thresholds are
+``agentrl.debugging`` (book chapter 19); the trainers' metric names are mapped in
+``agentrl.trainer_logs``.
 """
 import sys
 

@@ -95,16 +95,20 @@ def test_trl_trainer_state_reads_the_train_records_in_step_order():
     assert all('approx_kl' not in r for r in history)
 
 
+def assert_mapped(history, logged, trainer, prefix=''):
+    """Each record of history holds exactly its step and the mapped metrics logged there."""
+    for record in history:
+        assert record == dict({'step': record['step']},
+                              **{book: float(logged[record['step']][prefix + name])
+                                 for name, book in EXPECTED[trainer].items()})
+
+
 @pytest.mark.parametrize('name', ['healthy.jsonl', 'planted.jsonl', 'console.log'])
 def test_verl_logs_read_as_the_book_history(name):
     records = raw(LOGS / 'verl' / name)
     history = trainer_logs.load_trainer_log(LOGS / 'verl' / name)
     assert [r['step'] for r in history] == list(range(1, 9))            # step 0: validation
-    logged = by_step(records, 'step')
-    for record in history:
-        assert record == dict({'step': record['step']},
-                              **{book: float(logged[record['step']][name])
-                                 for name, book in EXPECTED['verl'].items()})
+    assert_mapped(history, by_step(records, 'step'), 'verl')
 
 
 def test_verls_console_lines_give_the_file_loggers_history():
@@ -119,10 +123,7 @@ def test_openrlhf_wandb_export_reads_train_rows_by_global_step(name):
     history = trainer_logs.load_trainer_log(LOGS / 'openrlhf' / name)
     assert [r['step'] for r in history] == list(range(1, 9))            # not wandb's _step
     logged = {int(r['train/global_step']): r for r in rows if r['train/global_step']}
-    for record in history:
-        assert record == dict({'step': record['step']},
-                              **{book: float(logged[record['step']][f'train/{name}'])
-                                 for name, book in EXPECTED['openrlhf'].items()})
+    assert_mapped(history, logged, 'openrlhf', prefix='train/')
 
 
 def test_openrlhfs_console_lines_give_the_exports_history():
