@@ -28,6 +28,10 @@ __all__ = [
     'best_of_n_expected',
     'majority_vote_expected',
     'submitted_program',
+    'probe_inputs',
+    'behaviour',
+    'pass_hat_k',
+    'Greedy',
 ]
 
 
@@ -35,6 +39,7 @@ import dataclasses
 import functools
 import itertools
 import math
+import random
 import re
 
 import torch
@@ -287,20 +292,21 @@ def best_of_n_expected(verified, gold, n):
 
 def majority_vote_expected(answers, gold, n, draws=2000, seed=0):
     """Monte Carlo estimate of the gold of submitting the most common answer among n
-    episodes drawn without replacement (ties split evenly; None = no answer, and a
-    draw without answers scores 0); answers [N], gold bools [N] -> (mean, its SE)."""
+    episodes drawn without replacement (ties split evenly; an answer scores the share of
+    its episodes that pass; None = no answer, and a draw without answers scores 0);
+    answers [N] hashables, gold bools [N] -> (mean, its SE)."""
     if len(answers) != len(gold) or not 1 <= n <= len(gold):
         raise ValueError(f'need answers and gold of one length N and 1 <= n <= N, got '
                          f'{len(answers)}, {len(gold)} and n={n!r}')
-    kinds = sorted({x for x in answers if x is not None})
+    kinds = list(dict.fromkeys(x for x in answers if x is not None))
     if not kinds:
         return 0.0, 0.0
     ids = torch.tensor([kinds.index(x) if x is not None else len(kinds)
                         for x in answers])
-    kind_gold = torch.zeros(len(kinds), dtype=torch.float64)
-    for x, g in zip(answers, gold):
-        if x is not None:
-            kind_gold[kinds.index(x)] = float(g)
+    passed = torch.zeros(len(kinds) + 1, dtype=torch.float64).index_add_(
+        0, ids, torch.tensor(gold, dtype=torch.float64))
+    size = torch.bincount(ids, minlength=len(kinds) + 1).double()
+    kind_gold = (passed / size.clamp(min=1))[:-1]                  # [kinds]
     order = torch.rand(draws, len(ids), generator=torch.Generator().manual_seed(seed))
     drawn = ids[order.argsort(-1)[:, :n]]                                   # [draws, n]
     counts = torch.nn.functional.one_hot(drawn, len(kinds) + 1).sum(1)[:, :-1]
@@ -317,3 +323,54 @@ def submitted_program(info):
         return None
     name = re.match(r'def (\w+)\(', info['source']).group(1)
     return re.sub(rf'\b{name}\b', 'f', info['source'])
+
+
+def probe_inputs(task, count=16, seed=0):
+    """count argument tuples from the task family's input generator, no expected
+    outputs -> [(args, ...)]."""
+    family = arl.FAMILIES[task.name.split('/')[0]]
+    rng = random.Random(f'{task.name}/{seed}')
+    return [family['args'](rng) for _ in range(count)]
+
+
+def behaviour(source, fn_name, inputs):
+    """What fn_name in source returns on each input, 'error' or 'timeout' where it
+    does not return -> tuple [len(inputs)]; None for no source."""
+    if source is None:
+        return None
+    # an expected value of None never equals an int or tuple: every return is a 'fail'
+    results = arl.run_tests(source, tuple((args, None) for args in inputs), fn_name)
+    return tuple(arl.returned_value(source, fn_name, args) if message == 'fail'
+                 else None if message == 'pass' else message
+                 for args, (_, message) in zip(inputs, results))
+
+
+def pass_hat_k(n, c, k):
+    """Unbiased pass^k, the chance that k episodes all succeed, from c of n:
+    C(c, k) / C(n, k) as a product of k factors."""
+    arl.pass_at_k(n, c, k)                       # the same checks of n, c and k
+    return math.prod((c - i) / (n - i) for i in range(k))
+
+
+class Greedy:
+    """A policy that always writes model's most likely next token (ties: uniform):
+    wraps model for rollout_batch, whose sampling then reads one-hot logits."""
+
+    def __init__(self, model):
+        self.model = model
+        self.max_len = model.max_len
+
+    def decoder(self, batch_size):
+        """model's decoder with every logit but the largest set to -inf."""
+        return _ArgmaxDecoder(self.model.decoder(batch_size))
+
+
+class _ArgmaxDecoder:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def feed(self, chunks):
+        """inner.feed(chunks) -> logits [B, V]: 0 at each row's maximum, else -inf."""
+        logits = self.inner.feed(chunks)
+        top = logits.max(-1, keepdim=True).values
+        return torch.where(logits == top, 0.0, float('-inf')).to(logits.dtype)

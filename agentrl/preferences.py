@@ -158,12 +158,16 @@ def task_pair_accuracies(reward_model, groups, tok):
 
 
 class LearnedReward(arl.Objective):
-    """GRPO on a reward model's scores in place of the gym's reward; the update's
-    statistics gain the mean score ('proxy') and the summed k1 to a frozen initial
-    policy ('kl_init', an estimate of the episodes' KL)."""
+    """GRPO on a reward model's scores in place of the gym's reward (optimize=False:
+    on the gym's reward, the scores only logged); the update's statistics gain the
+    mean score ('proxy') and the summed k1 to a frozen initial policy ('kl_init', an
+    estimate of the episodes' KL)."""
 
-    def __init__(self, reward_model, init_model):
+    def __init__(self, reward_model, init_model, optimize=True):
+        if not isinstance(optimize, bool):
+            raise ValueError(f'optimize must be True or False, got {optimize!r}')
         self.reward_model, self.init_model = reward_model, init_model
+        self.optimize = optimize
 
     def prepare(self, model, batch, cfg):
         with torch.no_grad():
@@ -171,7 +175,8 @@ class LearnedReward(arl.Objective):
             init_logp = sequence_log_probs(self.init_model, batch, cfg.temperature)
         own_logp = (batch['sample_logp'] * batch['action_mask']).sum(-1)
         batch['kl_init'] = own_logp - init_logp
-        batch['rewards'] = batch['proxy']              # what the advantages are made of
+        if self.optimize:
+            batch['rewards'] = batch['proxy']          # what the advantages are made of
 
     def loss(self, logp, batch, rows, advantages, cfg):
         loss, stats = super().loss(logp, batch, rows, advantages, cfg)

@@ -590,8 +590,9 @@ def test_best_of_n_expected_rejects_bad_input(verified, gold, n, bad):
 
 def brute_majority(answers, gold, n):
     """Exact mean gold of the most common answer over every n-subset, ties split evenly,
-    no answer scoring 0."""
-    kind_gold = {x: g for x, g in zip(answers, gold) if x is not None}
+    an answer scoring the share of its episodes that pass, no answer scoring 0."""
+    kind_gold = {x: Fraction(sum(g for y, g in zip(answers, gold) if y == x),
+                             answers.count(x)) for x in answers if x is not None}
     subsets = list(itertools.combinations(range(len(answers)), n))
     total = Fraction(0)
     for s in subsets:
@@ -608,11 +609,12 @@ def brute_majority(answers, gold, n):
 
 @SETTINGS
 @given(answers=st.lists(st.sampled_from([None, 'a', 'b', 'c']), min_size=1, max_size=7),
-       right=st.sets(st.sampled_from(['a', 'b', 'c'])), data=st.data())
-def test_majority_vote_expected_brute_force(answers, right, data):
+       data=st.data())
+def test_majority_vote_expected_brute_force(answers, data):
     """The Monte Carlo mean is within 5 of its own standard errors (plus a rounding floor)
-    of exact enumeration over every n-subset."""
-    gold = [x in right for x in answers]
+    of exact enumeration over every n-subset, also when one answer's episodes differ in
+    gold."""
+    gold = data.draw(st.lists(st.booleans(), min_size=len(answers), max_size=len(answers)))
     n = data.draw(st.integers(1, len(answers)))
     mean, se = arl.majority_vote_expected(answers, gold, n, draws=2000, seed=0)
     assert abs(mean - float(brute_majority(answers, gold, n))) <= Z * se + TOL
@@ -627,6 +629,9 @@ def test_majority_vote_expected_known_cases():
     assert arl.majority_vote_expected(['a', 'b'], [True, False], 2) == (0.5, 0.0)
     # 'a' twice (gold), 'b' once: n = 3 always picks 'a'
     assert arl.majority_vote_expected(['a', 'b', 'a'], [True, False, True], 3) == (1.0, 0.0)
+    # an answer whose episodes differ in gold scores the share that pass
+    assert arl.majority_vote_expected(['a', 'a', 'a', 'a'], [True, False, False, True],
+                                      2) == (0.5, 0.0)
     answers, gold = ['a', 'b', 'b', None, 'a', 'c'], [True, False, False, False, True, False]
     assert (arl.majority_vote_expected(answers, gold, 3, seed=7)
             == arl.majority_vote_expected(answers, gold, 3, seed=7))
@@ -686,3 +691,92 @@ def test_sample_task_episodes_and_task_successes(sampled_setup):
     for fn in (arl.sample_task_episodes, arl.task_successes):
         with pytest.raises(ValueError, match='need n >= 1 episodes per task, got 0'):
             fn(model, tasks, tok, cfg, 0)
+
+
+# --- reliability, behaviour and greedy decoding -----------------------------------------
+
+def test_pass_hat_k_known_values_and_edges():
+    """C(c, k) / C(n, k): 5 of 10 at k = 2 is 10/45; k = 1 is c/n; fewer than k successes
+    give 0 and all successes 1."""
+    assert arl.pass_hat_k(10, 5, 2) == pytest.approx(10 / 45, abs=TOL)
+    assert arl.pass_hat_k(7, 3, 1) == pytest.approx(3 / 7, abs=TOL)
+    assert arl.pass_hat_k(8, 2, 3) == 0.0
+    assert arl.pass_hat_k(6, 6, 6) == 1.0
+
+
+@SETTINGS
+@given(n=st.integers(1, 30), data=st.data())
+def test_pass_hat_k_matches_binomials(n, data):
+    """The product equals C(c, k) / C(n, k) computed with exact integers."""
+    c, k = data.draw(st.integers(0, n)), data.draw(st.integers(1, n))
+    exact = Fraction(math.comb(c, k), math.comb(n, k))
+    assert abs(arl.pass_hat_k(n, c, k) - float(exact)) <= TOL
+
+
+@pytest.mark.parametrize('p, n, k', [(0.3, 8, 3), (0.9, 16, 8), (0.05, 5, 5)])
+def test_pass_hat_k_is_unbiased(p, n, k):
+    """Its mean over c ~ Binomial(n, p) is p^k, summed exactly over the n + 1 counts."""
+    mean = sum(math.comb(n, c) * p ** c * (1 - p) ** (n - c) * arl.pass_hat_k(n, c, k)
+               for c in range(n + 1))
+    assert mean == pytest.approx(p ** k, abs=TOL)
+
+
+@pytest.mark.parametrize('n, c, k', [(4, 5, 1), (4, 2, 5), (4, 2, 0), (0, 0, 1)])
+def test_pass_hat_k_rejects_bad_input(n, c, k):
+    """The checks of arl.pass_at_k apply: c outside [0, n] or k outside [1, n] raise."""
+    with pytest.raises(ValueError):
+        arl.pass_hat_k(n, c, k)
+
+
+def test_probe_inputs_seeded_and_shaped():
+    """count inputs with the arity of the task's tests; one seed repeats, another differs;
+    tasks of one family share the generator but not the draws' seed string."""
+    task = arl.make_tasks('heldout')[0]
+    inputs = arl.probe_inputs(task, count=12, seed=0)
+    assert len(inputs) == 12
+    assert all(len(args) == len(task.public_tests[0][0]) for args in inputs)
+    assert inputs == arl.probe_inputs(task, count=12, seed=0)
+    assert inputs != arl.probe_inputs(task, count=12, seed=1)
+
+
+def test_behaviour_groups_equivalent_programs():
+    """Two programs written differently that return the same values share a behaviour;
+    a program that returns other values does not; errors, loops and None are named."""
+    inputs = [(3,), (-2,), (0,)]
+    a = 'def f(n):\n    return n * 2\n'
+    b = 'def f(n):\n    total = n\n    total = total + n\n    return total\n'
+    c = 'def f(n):\n    return n * 3\n'
+    assert arl.behaviour(a, 'f', inputs) == (6, -4, 0) == arl.behaviour(b, 'f', inputs)
+    assert arl.behaviour(c, 'f', inputs) == (9, -6, 0)
+    assert arl.behaviour('def f(n):\n    return 1 // n\n', 'f', inputs)[2] == 'error'
+    loop = 'def f(n):\n    while True:\n        n = n + 1\n'
+    assert arl.behaviour(loop, 'f', inputs[:1]) == ('timeout',)
+    assert arl.behaviour('def f(n):\n    pass\n', 'f', inputs[:1]) == (None,)
+    assert arl.behaviour(None, 'f', inputs) is None
+
+
+def test_greedy_decoder_is_one_hot_at_the_argmax(sampled_setup):
+    """Greedy's logits are 0 at the model's largest logit and -inf elsewhere, row by row,
+    in the model's dtype; its max_len is the model's."""
+    model, tasks, tok, _ = sampled_setup
+    prompts = {b: tok.encode(f'issue : {task.fn_name}') for b, task in enumerate(tasks)}
+    inner = model.decoder(len(tasks)).feed(prompts)
+    greedy = arl.Greedy(model)
+    outer = greedy.decoder(len(tasks)).feed(prompts)
+    assert greedy.max_len == model.max_len and outer.dtype == inner.dtype
+    assert torch.equal(outer.argmax(-1), inner.argmax(-1))
+    assert torch.equal((outer == 0).sum(-1), torch.ones(len(tasks), dtype=torch.long))
+    assert torch.isinf(outer).sum() == outer.numel() - len(tasks)
+
+
+def test_greedy_episodes_do_not_depend_on_the_seed(sampled_setup):
+    """Without renaming, greedy episodes of a task are identical across a group and across
+    sampling seeds."""
+    model, tasks, tok, cfg = sampled_setup
+    import dataclasses
+    fixed = dataclasses.replace(cfg, rename=False)
+    runs = [arl.sample_task_episodes(arl.Greedy(model), tasks, tok, fixed, 3, seed=s)
+            for s in (0, 1)]
+    actions = [[[info['actions'] for info in group] for group in run] for run in runs]
+    assert actions[0] == actions[1]
+    assert all(group[0] == other for group in actions[0] for other in group)

@@ -242,6 +242,29 @@ def test_learned_reward_replaces_rewards_and_records(groups):
     assert stats['kl_init'] == pytest.approx(batch['kl_init'][:4].mean().item())
 
 
+def test_learned_reward_optimize_false_keeps_gold_and_logs(groups):
+    """optimize=False: the batch keeps the gym's rewards, the advantages are the gold's,
+    and the proxy and the KL are still recorded; a non-bool optimize is refused."""
+    agent = tiny_agent()
+    rm = pf.RewardModel(agent)
+    torch.nn.init.normal_(rm.score.weight, generator=torch.Generator().manual_seed(2))
+    objective = pf.LearnedReward(rm, copy.deepcopy(agent), optimize=False)
+    episodes = [e for g in groups for e in g]
+    batch = arl.collate(episodes, TOK.pad_id)
+    gold = batch['rewards'].clone()
+    objective.prepare(agent, batch, small_cfg())
+    assert torch.equal(batch['rewards'], gold)
+    with torch.no_grad():
+        assert torch.equal(batch['proxy'], pf.reward_scores(rm, batch))
+    assert not torch.equal(batch['proxy'], gold)
+    advantages = objective.advantages(batch, episodes, small_cfg(group_size=4))
+    expected = arl.group_advantages(gold, 4, normalize_std=True)
+    assert torch.allclose(advantages, expected, atol=TOL)
+    assert batch['kl_init'].abs().max().item() < 1e-9
+    with pytest.raises(ValueError, match="optimize must be True or False, got 'yes'"):
+        pf.LearnedReward(rm, agent, optimize='yes')
+
+
 def test_train_rl_with_learned_reward_logs_proxy_and_kl():
     agent = tiny_agent()
     rm = pf.RewardModel(agent)
