@@ -6,6 +6,7 @@ __all__ = [
     'plugin_pass_at_k',
     'expected_pass_at_k',
     'pass_at_k_summary',
+    'binomial_lower_bound',
     'sample_task_episodes',
     'solved',
     'task_successes',
@@ -19,7 +20,6 @@ __all__ = [
     'percentile_interval',
     'paired_and_unpaired_se',
     'welch_t',
-    'sign_flip_p',
     'probability_of_improvement',
     'interquartile_mean',
     'subset_means',
@@ -86,6 +86,23 @@ def pass_at_k_summary(successes, n, ks):
         se = values.std() / math.sqrt(len(values))
         summary[k] = (values.mean().item(), se.item())
     return summary
+
+
+def binomial_lower_bound(x, n, alpha=0.05):
+    """Exact one-sided 1 - alpha lower bound on a success probability from x of n
+    (Clopper-Pearson): the p at which P(X >= x) = alpha, by bisection; 0 if x = 0."""
+    if not 0 <= x <= n or n < 1 or not 0 < alpha < 1:
+        raise ValueError(f'need 0 <= x <= n, n >= 1 and 0 < alpha < 1, got x={x!r}, '
+                         f'n={n!r}, alpha={alpha!r}')
+    if x == 0:
+        return 0.0
+    tail = lambda p: sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j)
+                         for j in range(x, n + 1))          # rises with p
+    low, high = 0.0, 1.0
+    for _ in range(60):                                     # 2^-60 of the unit interval
+        low, high = ((low + high) / 2, high) if tail((low + high) / 2) < alpha else (
+            low, (low + high) / 2)
+    return low
 
 
 def sample_task_episodes(model, tasks, tok, cfg, n, seed=0):
@@ -201,19 +218,6 @@ def welch_t(a, b):
     t = (b.mean() - a.mean()) / (va + vb).sqrt()
     df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     return t.item(), df.item()
-
-
-def sign_flip_p(d):
-    """Exact two-sided p-value of paired differences d [m] under random signs (all
-    2^m sign patterns)."""
-    d = torch.as_tensor(d, dtype=torch.float64)
-    if not 1 <= len(d) <= 20:
-        raise ValueError(f'exact sign flips enumerate 2^m for 1 <= m <= 20, got '
-                         f'm={len(d)}')
-    signs = torch.tensor(list(itertools.product((1.0, -1.0), repeat=len(d))),
-                         dtype=torch.float64)
-    means = (signs * d).mean(-1).abs()
-    return (means >= d.mean().abs() * (1 - 1e-12)).double().mean().item()
 
 
 def probability_of_improvement(a, b):

@@ -363,29 +363,27 @@ def test_welch_t_known_value_and_bad_input():
         arl.welch_t([1], [1, 2, 3])
 
 
-def test_sign_flip_p_known_values():
+def test_two_sided_sign_flip_known_values():
     """d = 1, 1, 1: only all plus and all minus reach |mean| 1, p = 2/8; d = 0 gives 1."""
-    assert arl.sign_flip_p([1, 1, 1]) == 0.25
-    assert arl.sign_flip_p([0, 0]) == 1.0
-    assert arl.sign_flip_p([2]) == 1.0
+    assert arl.paired_sign_flip_p([1, 1, 1], 'two-sided') == 0.25
+    assert arl.paired_sign_flip_p([0, 0], 'two-sided') == 1.0
 
 
-@pytest.mark.parametrize('d', [[1, -1, 2, 0, 3], [3, 1, 4, 1, 5, 9], [-2, -2, 1],
-                               [1, 2, 3, 4, 5, 6, 7, 8], [5, -5, 5, -5], [0.5, 1.5, -0.25]])
-def test_sign_flip_p_matches_scipy_permutation_test(d):
-    """The exact sign-flip p of the mean difference is scipy's exact ('samples', one sample,
-    n_resamples=inf) two-sided permutation p: both are counts over 2^m flips, so equal."""
-    result = scipy.stats.permutation_test(
-        (np.array(d, float),), lambda x, axis: np.mean(x, axis=axis), vectorized=True,
-        permutation_type='samples', n_resamples=np.inf, alternative='two-sided')
-    assert arl.sign_flip_p(d) == result.pvalue
+@pytest.mark.parametrize('x, n', [(10, 10), (0, 10), (7, 10), (1, 1), (3, 40), (39, 40)])
+def test_binomial_lower_bound_matches_scipy_clopper_pearson(x, n):
+    """The one-sided 95% lower bound is the 0.05 quantile of Beta(x, n - x + 1), scipy's
+    Clopper-Pearson bound; bisection runs to 2^-60, so agreement within 1e-12."""
+    expected = 0.0 if x == 0 else scipy.stats.beta.ppf(0.05, x, n - x + 1)
+    assert arl.binomial_lower_bound(x, n) == pytest.approx(expected, abs=1e-12)
+    assert arl.binomial_lower_bound(10, 10) == pytest.approx(0.05 ** 0.1, abs=1e-12)
 
 
-@pytest.mark.parametrize('m', [0, 21])
-def test_sign_flip_p_rejects_bad_sizes(m):
-    """Outside 1 <= m <= 20 raises, naming m."""
-    with pytest.raises(ValueError, match=f'm={m}'):
-        arl.sign_flip_p([1.0] * m)
+@pytest.mark.parametrize('x, n, alpha', [(11, 10, 0.05), (-1, 10, 0.05), (0, 0, 0.05),
+                                         (3, 10, 1.0)])
+def test_binomial_lower_bound_rejects_bad_input(x, n, alpha):
+    """Counts outside 0..n, no trials or an alpha outside (0, 1) raise, naming them."""
+    with pytest.raises(ValueError, match=f'x={x}, n={n}'):
+        arl.binomial_lower_bound(x, n, alpha)
 
 
 def test_probability_of_improvement_known_value():
