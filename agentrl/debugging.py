@@ -18,6 +18,8 @@ __all__ = [
     'MALFORMED_LIMIT',
     'MIN_STEPS',
     'Finding',
+    'check_non_finite',
+    'check_mask_mismatch',
     'check_logp_gap',
     'check_loss_tokens',
     'check_clip_inert',
@@ -33,6 +35,7 @@ __all__ = [
     'diagnose_run',
     'report',
     'diagnose_main',
+    'rate_interval',
 ]
 
 
@@ -141,11 +144,13 @@ class StaleOldPolicy(arl.Objective):
 
 
 class Audited(arl.Objective):
-    """Wraps an objective and logs two invariants of every step that learns:
+    """Wraps an objective and logs three invariants of every step that learns:
     loss_token_ratio, the tokens the loss counts over the tokens the sampler wrote
-    (exactly 1 when the mask is right), and start_logp_gap, the largest
-    |log pi - log pi_old| on the loss's tokens of the step's first minibatch, before any
-    update (0 up to rounding when pi_old is the policy that sampled)."""
+    (exactly 1 when the mask is right); mask_mismatch, the positions where the loss's
+    mask differs from the sampler's, over the tokens it wrote (exactly 0); and
+    start_logp_gap, the largest |log pi - log pi_old| on the loss's tokens of the step's
+    first minibatch, before any update (0 up to rounding when pi_old is the policy that
+    sampled)."""
 
     def __init__(self, inner=None):
         self.inner = arl.Objective() if inner is None else inner
@@ -153,7 +158,8 @@ class Audited(arl.Objective):
     def prepare(self, model, batch, cfg):
         """Count the sampler's tokens per row [B], then let the inner objective
         prepare."""
-        self.written = batch['action_mask'].sum(-1)
+        self.sampled = batch['action_mask'].clone()         # [B, T-1]
+        self.written = self.sampled.sum(-1)
         self.gap = None
         self.inner.prepare(model, batch, cfg)
 
@@ -162,15 +168,16 @@ class Audited(arl.Objective):
         return self.inner.advantages(batch, episodes, cfg)
 
     def loss(self, logp, batch, rows, advantages, cfg):
-        """The inner loss, its statistics and the two invariants: logp [R, T-1]."""
+        """The inner loss, its statistics and the three invariants: logp [R, T-1]."""
         loss, stats = self.inner.loss(logp, batch, rows, advantages, cfg)
         mask = batch['action_mask'][rows]
         if self.gap is None:                       # the first minibatch of the step
             diff = (logp.detach() - batch['sample_logp'][rows]).abs()
             self.gap = (diff * mask).max().item()
-        written = self.written[rows].sum().item()
-        stats = dict(stats, loss_token_ratio=mask.sum().item() / max(written, 1),
-                     start_logp_gap=self.gap)
+        written = max(self.written[rows].sum().item(), 1)
+        moved = (mask != self.sampled[rows]).sum().item()
+        stats = dict(stats, loss_token_ratio=mask.sum().item() / written,
+                     mask_mismatch=moved / written, start_logp_gap=self.gap)
         return loss, stats
 
 
@@ -217,6 +224,29 @@ def _window(history, key, last):
     values = torch.tensor([r[key] for r in part], dtype=torch.float64)
     return (values.mean().item(), values.std().item() / math.sqrt(width),
             tuple(r['step'] for r in part))
+
+
+def check_non_finite(history, cfg):
+    """A logged statistic is NaN or infinite: every other check reads these numbers."""
+    bad = [(r['step'], key) for r in history for key, v in r.items()
+           if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        keys = ', '.join(sorted({key for _, key in bad}))
+        steps = tuple(sorted({step for step, _ in bad}))
+        return Finding('non-finite statistics', keys, steps, 'NaN or inf', math.nan,
+                       'an overflowing ratio exp(log pi - log pi_old), a log of a '
+                       'zero probability, a mean over an empty mask, or a diverged '
+                       'update; the checks below cannot be trusted')
+
+
+def check_mask_mismatch(history, cfg):
+    """The loss's mask is not the mask of the tokens the sampler wrote."""
+    steps, values = _steps_where(history, 'mask_mismatch', lambda v: v > 0)
+    if steps:
+        return Finding("the loss's mask is not the sampler's", 'mask_mismatch', steps,
+                       '> 0', max(values), 'a mask built from token ids or '
+                       'positions instead of carried from the sampler: shifted by one, '
+                       'end tokens masked as padding, padding counted')
 
 
 def check_logp_gap(history, cfg):
@@ -278,12 +308,15 @@ def check_large_steps(history, cfg):
 
 
 def check_clipping(history, cfg):
-    """Many tokens are clipped in a step."""
+    """Many tokens are clipped in a step (token-level ratios only: under GSPO's
+    sequence-level ratio clip_frac is a share of sequences, far above this limit)."""
+    if (cfg or {}).get('ratio_level') == 'sequence':
+        return None
     steps, values = _steps_where(history, 'clip_frac', lambda v: v > CLIP_LIMIT)
     if len(steps) >= MIN_STEPS:
         return Finding('clipping saturates', 'clip_frac', steps, f'> {CLIP_LIMIT:g}',
                        max(values), 'the same causes as large policy steps; the clip '
-                       'then discards most of the gradient')
+                       'then discards those tokens\' gradient')
 
 
 def check_pass_fell(history, cfg):
@@ -333,9 +366,9 @@ def check_malformed(history, cfg):
                        'loss never sees')
 
 
-CHECKS = (check_logp_gap, check_loss_tokens, check_clip_inert, check_no_gradient,
-          check_large_steps, check_clipping, check_pass_fell, check_collapse,
-          check_turn_limit, check_malformed)
+CHECKS = (check_non_finite, check_mask_mismatch, check_logp_gap, check_loss_tokens,
+          check_clip_inert, check_no_gradient, check_large_steps, check_clipping,
+          check_pass_fell, check_collapse, check_turn_limit, check_malformed)
 
 
 def diagnose(history, cfg=None):
@@ -410,3 +443,11 @@ def diagnose_main(argv=None):
         report(findings)
         status = max(status, 1 if findings else 0)
     return status
+
+
+def rate_interval(x, n, level=0.95):
+    """Exact (Clopper-Pearson) two-sided interval of a rate from x events in n trials
+    -> (low, high)."""
+    tail = (1 - level) / 2
+    return (arl.binomial_lower_bound(x, n, tail),
+            1 - arl.binomial_lower_bound(n - x, n, tail))

@@ -94,6 +94,8 @@ CARRIED = {'trl': ('reward', 'zero_adv_frac')}
 # the record keys each check of debugging.CHECKS reads (see its source), the config
 # fields it needs, and the keys it reads on every record rather than where present
 CHECK_KEYS = {
+    'check_non_finite': (),                 # reads every key a record holds
+    'check_mask_mismatch': ('mask_mismatch',),
     'check_logp_gap': ('start_logp_gap',),
     'check_loss_tokens': ('loss_token_ratio',),
     'check_clip_inert': ('approx_kl', 'ratio_min', 'ratio_max'),
@@ -114,8 +116,10 @@ OPENRLHF_CONSOLE = re.compile(r'Global step (\d+): (\{.*\})\s*$')
 NUMPY_REPR = re.compile(r'^np\.\w+\((.*)\)$')          # pprint of a numpy scalar
 
 
-def _number(value):
-    """value as a finite float, or None for text, booleans, None, NaN and infinities."""
+def _number(value, finite=True):
+    """value as a float, or None for text, booleans and None, and for NaN and
+    infinities unless finite is False (a metric's NaN is kept for diagnose to report;
+    a step's is no step)."""
     if isinstance(value, str):
         match = NUMPY_REPR.match(value.strip())
         try:
@@ -124,7 +128,7 @@ def _number(value):
             return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return float(value) if math.isfinite(value) else None
+    return float(value) if math.isfinite(value) or not finite else None
 
 
 def _flat(record):
@@ -175,7 +179,8 @@ def _read_console(path):
             pairs = (item.rpartition(':') for item in found.group(2).split(' - '))
             records.append(dict({k: v for k, _, v in pairs}, step=found.group(1)))
         elif found := OPENRLHF_CONSOLE.search(line):
-            text = re.sub(r'-?\b(nan|inf)\b', 'None', found.group(2))
+            # NaN and infinities as strings, which _number reads back as floats
+            text = re.sub(r"(-?\b(?:nan|inf)\b)", r"'\1'", found.group(2))
             try:
                 records.append(dict(ast.literal_eval(text), step=found.group(1)))
             except (ValueError, SyntaxError):
@@ -228,7 +233,10 @@ def to_history(records, trainer):
     for i, record in enumerate(records):
         mapped = {}
         for name, key in table.items():
-            value = _number(record.get(name))
+            # a JSON null on a logged metric is a NaN or inf that the writer could not
+            # spell (verl's file logger writes with orjson, which nulls them)
+            value = (math.nan if name in record and record[name] is None
+                     else _number(record.get(name), finite=False))
             if value is not None and key not in mapped:
                 mapped[key] = value
         if not mapped:
@@ -332,9 +340,10 @@ def _log_path(path):
     return path if path.is_file() or path.suffix in READERS else None
 
 
-def diagnose_path(name, trainer=None):
+def diagnose_path(name, trainer=None, ratio_level='token'):
     """Print the findings on a run folder or a trainer's log -> True when there are
-    some; a ValueError when it is neither or no check can run."""
+    some; a ValueError when it is neither or no check can run. ratio_level tells a
+    log's checks whether the run's ratio was per token or per sequence (GSPO)."""
     from agentrl import debugging
     path = _log_path(Path(name))
     if path is None:
@@ -343,8 +352,10 @@ def diagnose_path(name, trainer=None):
         debugging.report(findings)
         return bool(findings)
     trainer, history = read_trainer_log(path, trainer)
-    findings, skipped = diagnose_history(history)
-    if len(skipped) == len(debugging.CHECKS):
+    findings, skipped = diagnose_history(history, {'ratio_level': ratio_level})
+    if ratio_level == 'sequence' and 'check_clipping' not in skipped:
+        skipped['check_clipping'] = ['a token-level ratio (--ratio-level sequence)']
+    if len(skipped) == len(debugging.CHECKS) - 1:     # only the finiteness check ran
         lacks = '; '.join(f'{check}: {", ".join(v)}' for check, v in skipped.items())
         raise ValueError(f'{path}: no check can run on this {trainer} log ({lacks})')
     print(f'{path} ({trainer} log, {len(history)} steps):')
@@ -365,14 +376,23 @@ def diagnose_main(argv=None):
     parser.add_argument('--trainer', metavar='{' + ','.join(TRAINERS) + '}',
                         help='the trainer that wrote the logs (default: told by the '
                              'format or the metric names)')
+    parser.add_argument('--ratio-level', metavar='{token,sequence}', default='token',
+                        help="the logged run's importance ratio: 'sequence' for GSPO "
+                             "(TRL importance_sampling_level='sequence', verl "
+                             "loss_mode gspo), whose clip_frac counts sequences and "
+                             "skips the clip check (default: token)")
     args = parser.parse_args(argv)
     status = 0
     try:
         if args.trainer is not None and args.trainer not in TRAINERS:
             raise ValueError(f'unknown --trainer {args.trainer!r}; accepted: '
                              f'{", ".join(TRAINERS)}')
+        if args.ratio_level not in ('token', 'sequence'):
+            raise ValueError(f'unknown --ratio-level {args.ratio_level!r}; accepted: '
+                             f'token, sequence')
         for path in args.paths:
-            status = max(status, int(diagnose_path(path, args.trainer)))
+            status = max(status, int(diagnose_path(path, args.trainer,
+                                                   args.ratio_level)))
     except ValueError as error:
         print(f'python -m agentrl.diagnose: error: {error}', file=sys.stderr)
         return 2

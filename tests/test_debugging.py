@@ -126,15 +126,15 @@ def test_stale_old_policy_uses_the_copy_from_lag_steps_back(tok, batch):
 
 # --- Audited -------------------------------------------------------------------------------
 
-def test_audited_logs_both_invariants_and_changes_nothing_else(tok):
+def test_audited_logs_the_invariants_and_changes_nothing_else(tok):
     cfg = small_cfg()
     plain = arl.train_rl(tiny_agent(tok), TRAIN, tok, cfg, 3)
     audited = arl.train_rl(tiny_agent(tok), TRAIN, tok, cfg, 3, objective=debugging.Audited())
     for a, b in zip(plain, audited):
         extra = set(b) - set(a)
-        assert extra == {'loss_token_ratio', 'start_logp_gap'}
+        assert extra == {'loss_token_ratio', 'mask_mismatch', 'start_logp_gap'}
         assert {k: b[k] for k in a} == a
-        assert b['loss_token_ratio'] == 1.0
+        assert b['loss_token_ratio'] == 1.0 and b['mask_mismatch'] == 0.0
         assert 0 <= b['start_logp_gap'] < debugging.GAP_BOUND
 
 
@@ -147,6 +147,7 @@ def test_audited_sees_each_mask_bug(tok, bug, direction):
     learned = [r for r in history if 'loss_token_ratio' in r]
     ratios = [r['loss_token_ratio'] for r in learned]
     gaps = [r['start_logp_gap'] for r in learned]
+    assert all(r['mask_mismatch'] > 0 for r in learned)   # every mask bug moves positions
     if direction < 0:
         assert all(r < 1 for r in ratios)
     elif direction > 0:
@@ -176,7 +177,8 @@ def healthy_history(steps=30):
     return [dict(step=s, pass_rate=0.2 + 0.02 * s, reward=0.2 + 0.02 * s, zero_adv_frac=0.2,
                  turns=4.0, malformed=0.1, entropy=0.7 - 0.01 * s, approx_kl=1e-3,
                  clip_frac=0.004, grad_norm=0.3, ratio_min=0.9, ratio_max=1.1,
-                 loss_token_ratio=1.0, start_logp_gap=2e-15) for s in range(steps)]
+                 loss_token_ratio=1.0, mask_mismatch=0.0, start_logp_gap=2e-15)
+            for s in range(steps)]
 
 
 def with_(history, steps=None, **values):
@@ -190,6 +192,9 @@ def with_(history, steps=None, **values):
 
 CFG = dataclasses.asdict(arl.RLConfig())
 SIGNATURES = {
+    'non-finite statistics': with_(healthy_history(), steps={7}, approx_kl=float('nan')),
+    "the loss's mask is not the sampler's": with_(healthy_history(), steps={2},
+                                                  mask_mismatch=0.01),
     'pi_old is not the sampling policy': with_(healthy_history(), steps={5}, start_logp_gap=0.3),
     'the loss counts the wrong tokens': with_(healthy_history(), steps={0}, loss_token_ratio=0.6),
     'the clip never acts': with_(healthy_history(), approx_kl=0.0, ratio_min=1.0, ratio_max=1.0,
@@ -239,6 +244,21 @@ def test_the_clip_check_needs_several_updates_per_batch():
     assert debugging.diagnose(inert) == []               # no config: not checked
     assert [f.check for f in debugging.diagnose(inert, dict(CFG, minibatches=1, epochs=2))] \
         == ['the clip never acts']
+
+
+def test_a_sequence_level_ratio_skips_the_clip_check():
+    """GSPO's band clips a large share by design (chapter 9: about a quarter of tokens)."""
+    clipped = with_(healthy_history(), clip_frac=0.3)
+    assert [f.check for f in debugging.diagnose(clipped, CFG)] == ['clipping saturates']
+    assert debugging.diagnose(clipped, dict(CFG, **arl.VARIANTS['gspo'])) == []
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -float('inf')])
+def test_a_non_finite_value_anywhere_is_reported_first(bad):
+    history = with_(healthy_history(), steps={4, 9}, grad_norm=bad, entropy=bad)
+    found = debugging.diagnose(history, CFG)
+    assert found[0].check == 'non-finite statistics'
+    assert found[0].steps == (4, 9) and found[0].statistic == 'entropy, grad_norm'
 
 
 def test_the_turn_limit_comes_from_the_config():
@@ -337,3 +357,14 @@ def test_the_start_gap_is_the_first_minibatchs_even_after_the_policy_moves(tok, 
 def test_a_dip_smaller_than_the_margin_is_not_a_fall():
     dip = [dict(r, pass_rate=0.5 - 0.05 * (r['step'] >= 24)) for r in healthy_history()]
     assert debugging.diagnose(dip, CFG) == []
+
+
+@pytest.mark.parametrize('x, n', [(0, 8), (8, 8), (3, 8), (1, 20), (13, 40)])
+def test_rate_interval_is_scipys_exact_clopper_pearson(x, n):
+    """rate_interval is scipy's binomtest(...).proportion_ci(method='exact'); both ends
+    come from a bisection to 2^-60, so agreement within 1e-12."""
+    import scipy.stats
+    expected = scipy.stats.binomtest(x, n).proportion_ci(0.95, method='exact')
+    low, high = debugging.rate_interval(x, n)
+    assert low == pytest.approx(expected.low, abs=1e-12)
+    assert high == pytest.approx(expected.high, abs=1e-12)

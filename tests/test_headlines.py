@@ -18,7 +18,7 @@ from conftest import REPO
 
 # chapters 6-9 have theirs (issue 41), 10-14 too (issue 42), 15-18 (issue 43); the rest
 # in issue 44 (19-20)
-PENDING = {"19-debugging-rl-runs", "20-frontier"}
+PENDING: set[str] = set()
 GLUE_KEY = re.compile(r"\bglue\((\w+)=|['\"](\w+)['\"]\s*:")
 GLUE_ROLE = re.compile(r"\{glue:text\}`(\w+)`")
 

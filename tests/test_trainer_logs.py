@@ -5,6 +5,7 @@ the keys allow and name the others, and `python -m agentrl.diagnose` reads the l
 with exit codes 0, 1 and 2."""
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -135,7 +136,9 @@ def test_a_json_list_and_verl_records_without_nesting_read_too(tmp_path):
     flat = tmp_path / 'flat.json'
     flat.write_text(json.dumps([{'training/global_step': 2, 'actor/pg_clipfrac': 0.5},
                                 {'training/global_step': 1, 'actor/ppo_kl': 'nan'}]))
-    assert trainer_logs.load_trainer_log(flat) == [{'step': 2, 'clip_frac': 0.5}]
+    history = trainer_logs.load_trainer_log(flat)
+    assert history[1] == {'step': 2, 'clip_frac': 0.5}
+    assert history[0]['step'] == 1 and math.isnan(history[0]['approx_kl'])  # kept
 
 
 # --- telling the format and the trainer ------------------------------------------------------
@@ -207,6 +210,8 @@ def test_the_check_table_lists_what_each_check_reads():
         fired = [s for s in SIGNATURES.values() if check(s, CFG)]
         assert fired, check.__name__
         for history in fired:                          # the listed keys suffice ...
+            if check is debugging.check_non_finite:        # it reads every key
+                continue
             only = [{k: r[k] for k in keys if k in r} for r in history]
             assert check(only, CFG) == check(history, CFG)
             for key in keys[1:]:                       # ... and each of them is needed
@@ -247,9 +252,9 @@ def test_each_trainers_log_runs_the_checks_its_metrics_allow():
         trainer_logs.load_trainer_log(path))[0]] for name, path in [
         ('trl', TRL), ('verl', LOGS / 'verl' / 'healthy.jsonl'),
         ('openrlhf', LOGS / 'openrlhf' / 'healthy.csv')]}
-    assert ran == {'trl': ['check_no_gradient', 'check_clipping'],
-                   'verl': ['check_large_steps', 'check_clipping'],
-                   'openrlhf': ['check_large_steps', 'check_clipping']}
+    assert ran == {'trl': ['check_non_finite', 'check_no_gradient', 'check_clipping'],
+                   'verl': ['check_non_finite', 'check_large_steps', 'check_clipping'],
+                   'openrlhf': ['check_non_finite', 'check_large_steps', 'check_clipping']}
 
 
 def test_the_healthy_logs_kl_to_the_reference_is_above_the_step_size_limit():
@@ -283,7 +288,7 @@ def test_the_command_reads_each_trainers_log(capsys, args, status, finding):
     out = capsys.readouterr().out
     assert ('diagnose: no findings' in out) == (finding is None)
     assert finding is None or finding in out
-    assert ' log, 8 steps):\n' in out and 'diagnose: ran 2 of 10 checks; skipped 8' in out
+    assert ' log, 8 steps):\n' in out and 'diagnose: ran 3 of 12 checks; skipped 9' in out
     lines = [line.strip() for line in out.splitlines()]
     assert all(line in lines for line in SKIPPED), out
     assert max(len(line) for line in out.splitlines()[1:]) <= 88    # below the path
@@ -328,3 +333,42 @@ def test_python_m_agentrl_diagnose_reads_a_trainer_log():
     assert done.returncode == 1, done.stderr
     assert 'diagnose: no gradient' in done.stdout and 'check_logp_gap: start_logp_gap' \
         in done.stdout
+
+
+def test_a_nan_in_a_console_log_reaches_diagnose(tmp_path):
+    """An OpenRLHF console line with a NaN KL: the history keeps it and diagnose's first
+    finding names it (dropping it would let every other check pass on what is left)."""
+    log = tmp_path / 'console.log'
+    log.write_text("Global step 1: {'ppo_kl': nan, 'ppo_clip_ratio': 0.01}\n"
+                   "Global step 2: {'ppo_kl': 0.001, 'ppo_clip_ratio': -inf}\n")
+    history = trainer_logs.load_trainer_log(log, 'openrlhf')
+    findings, _ = trainer_logs.diagnose_history(history)
+    assert findings[0].check == 'non-finite statistics'
+    assert findings[0].steps == (1, 2)
+
+
+def test_a_json_null_on_a_logged_metric_is_read_as_nan(tmp_path):
+    """verl's file logger writes NaN and inf as null (orjson): the reader keeps them as
+    NaN so that the finiteness check sees them; an absent metric stays absent."""
+    log = tmp_path / 'metrics.jsonl'
+    log.write_text('{"step": 1, "data": {"actor/grad_norm": null, "actor/pg_clipfrac": 0.01}}\n'
+                   '{"step": 2, "data": {"actor/pg_clipfrac": 0.02}}\n')
+    history = trainer_logs.load_trainer_log(log, 'verl')
+    assert math.isnan(history[0]['grad_norm']) and 'grad_norm' not in history[1]
+    findings, _ = trainer_logs.diagnose_history(history)
+    assert findings[0].check == 'non-finite statistics'
+
+
+def test_a_sequence_level_log_skips_the_clip_check_and_says_so(tmp_path, capsys):
+    """A GSPO run's clip_frac counts sequences: --ratio-level sequence skips the check
+    (listed among the skipped), where the token default flags it."""
+    log = tmp_path / 'console.log'
+    log.write_text(''.join(f"Global step {s}: {{'ppo_kl': 0.001, 'ppo_clip_ratio': 0.3}}\n"
+                           for s in range(1, 9)))
+    assert trainer_logs.diagnose_main([str(log), '--trainer', 'openrlhf']) == 1
+    assert 'clipping saturates' in capsys.readouterr().out
+    assert trainer_logs.diagnose_main([str(log), '--trainer', 'openrlhf',
+                                       '--ratio-level', 'sequence']) == 0
+    out = capsys.readouterr().out
+    assert 'check_clipping: a token-level ratio' in out and 'ran 2 of 12' in out
+    assert trainer_logs.diagnose_main([str(log), '--ratio-level', 'seq']) == 2
