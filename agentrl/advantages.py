@@ -127,21 +127,21 @@ def rloo_advantages(rewards, group_size):
 from agentrl.plumbing import WorkerPool
 
 
-def fit_critic(policy, tasks, tok, steps, seed, tasks_per_step=8, samples_per_task=4,
+def fit_critic(policy, tasks, tok, steps, seed, prompts_per_step=8, group_size=4,
                lr=1e-3):
     """A ValueCritic of the fixed policy, fit to the Monte Carlo returns of fresh
-    episodes, one Adam step per batch of tasks_per_step tasks x samples_per_task; seed
+    episodes, one Adam step per batch of prompts_per_step tasks x group_size; seed
     fixes the tasks drawn and the episodes -> the critic."""
-    if not 1 <= tasks_per_step <= len(tasks):
-        raise ValueError(f'tasks_per_step must be between 1 and {len(tasks)} (the '
-                         f'tasks given), got {tasks_per_step!r}')
+    if not 1 <= prompts_per_step <= len(tasks):
+        raise ValueError(f'prompts_per_step must be between 1 and {len(tasks)} (the '
+                         f'tasks given), got {prompts_per_step!r}')
     critic = ValueCritic(policy)
     opt = torch.optim.Adam(critic.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        order = torch.randperm(len(tasks), generator=gen)[:tasks_per_step].tolist()
+        order = torch.randperm(len(tasks), generator=gen)[:prompts_per_step].tolist()
         trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok,
-                                    samples_per_task, gen)
+                                    group_size, gen)
         batch = arl.collate(trajs, tok.pad_id)
         values = critic(batch['ids'])[:, :-1]
         _, returns = gae_advantages(batch['rewards'], values, batch['action_mask'],

@@ -14,8 +14,8 @@ __all__ = [
     'Block',
     'TinyAgent',
     'count_parameters',
-    'LONG_CHUNK',
     'rollout_batch',
+    'LONG_CHUNK',
     'collate',
     'packed_log_probs',
     'EPISODES_PER_SET',
@@ -253,6 +253,76 @@ def count_parameters(model):
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0,
+                  generator=None):
+    """Play one episode per (env, task) in lockstep, sampling calls from model
+    -> [Trajectory]."""
+    if len(envs) != len(tasks):
+        raise ValueError(f'got {len(envs)} envs for {len(tasks)} tasks; '
+                         'need one env per task')
+    if temperature <= 0:
+        raise ValueError(f'temperature must be positive, got {temperature}')
+    B = len(envs)
+    tokens = [tok.encode(env.reset(task)) + [tok.turn_id]
+              for env, task in zip(envs, tasks)]
+    # 1 marks the policy's tokens
+    policy = [[0] * len(t) for t in tokens]
+    # sampling log-prob of policy tokens
+    logps = [[0.0] * len(t) for t in tokens]
+    results = [None] * B
+    decoder = model.decoder(B)
+    logits = decoder.feed(dict(enumerate(tokens)))
+    for _ in range(max_turns):
+        active = [b for b in range(B) if results[b] is None]
+        if not active:
+            break
+        calls = {b: [] for b in active}
+        writing = active
+        for k in range(MAX_CALL_TOKENS):
+            # [rows writing, V]
+            log_probs = torch.log_softmax(logits[writing] / temperature, -1)
+            sampled = torch.multinomial(log_probs.exp(), 1, generator=generator)
+            chosen = log_probs.gather(1, sampled)[:, 0].tolist()
+            for b, token, logp in zip(writing, sampled[:, 0].tolist(), chosen):
+                calls[b].append(token)
+                logps[b].append(logp)
+            writing = [b for b in writing if calls[b][-1] != tok.end_id]
+            if not writing or k == MAX_CALL_TOKENS - 1:
+                break
+            logits = decoder.feed({b: calls[b][-1:] for b in writing})
+        # every row's last call token is not yet in the cache:
+        # feed it with the observation
+        chunks = {}
+        for b in active:
+            call = calls[b]
+            tokens[b] += call
+            policy[b] += [1] * len(call)
+            text = tok.decode([i for i in call if i != tok.end_id])
+            observation, reward, done, info = envs[b].step(text)
+            obs = tok.encode(observation) + [tok.turn_id]
+            if not done and len(tokens[b]) + len(obs) + MAX_CALL_TOKENS > model.max_len:
+                # no room for the answer and one more call: the context is full
+                info = envs[b].final_info(False) | {'context_full': True}
+                done, reward = True, envs[b].reward_fn(info)
+            if done:
+                results[b] = (reward, info)
+                continue
+            chunks[b] = call[-1:] + obs
+            tokens[b] += obs
+            policy[b] += [0] * len(obs)
+            logps[b] += [0.0] * len(obs)
+        logits = decoder.feed(chunks)
+    trajs = []
+    for b in range(B):
+        ids = torch.tensor(tokens[b], dtype=torch.long)
+        mask = torch.tensor(policy[b][1:], dtype=DTYPE)
+        reward, info = (results[b] if results[b] is not None
+                        else (0.0, envs[b].final_info(False)))
+        trajs.append(Trajectory(ids, mask, reward, info,
+                                torch.tensor(logps[b][1:], dtype=DTYPE)))
+    return trajs
+
+
 # a feed runs chunks longer than this apart from the short ones
 LONG_CHUNK = 8
 
@@ -369,76 +439,6 @@ class _NewTokens:
         hidden = torch.arange(self.span) > self.query_pos.view(self.lines, 1, W, 1)
         self.bias = torch.zeros(hidden.shape, dtype=dtype).masked_fill_(
             hidden, float('-inf'))
-
-
-def rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0,
-                  generator=None):
-    """Play one episode per (env, task) in lockstep, sampling calls from model
-    -> [Trajectory]."""
-    if len(envs) != len(tasks):
-        raise ValueError(f'got {len(envs)} envs for {len(tasks)} tasks; '
-                         'need one env per task')
-    if temperature <= 0:
-        raise ValueError(f'temperature must be positive, got {temperature}')
-    B = len(envs)
-    tokens = [tok.encode(env.reset(task)) + [tok.turn_id]
-              for env, task in zip(envs, tasks)]
-    # 1 marks the policy's tokens
-    policy = [[0] * len(t) for t in tokens]
-    # sampling log-prob of policy tokens
-    logps = [[0.0] * len(t) for t in tokens]
-    results = [None] * B
-    decoder = model.decoder(B)
-    logits = decoder.feed(dict(enumerate(tokens)))
-    for _ in range(max_turns):
-        active = [b for b in range(B) if results[b] is None]
-        if not active:
-            break
-        calls = {b: [] for b in active}
-        writing = active
-        for k in range(MAX_CALL_TOKENS):
-            # [rows writing, V]
-            log_probs = torch.log_softmax(logits[writing] / temperature, -1)
-            sampled = torch.multinomial(log_probs.exp(), 1, generator=generator)
-            chosen = log_probs.gather(1, sampled)[:, 0].tolist()
-            for b, token, logp in zip(writing, sampled[:, 0].tolist(), chosen):
-                calls[b].append(token)
-                logps[b].append(logp)
-            writing = [b for b in writing if calls[b][-1] != tok.end_id]
-            if not writing or k == MAX_CALL_TOKENS - 1:
-                break
-            logits = decoder.feed({b: calls[b][-1:] for b in writing})
-        # every row's last call token is not yet in the cache:
-        # feed it with the observation
-        chunks = {}
-        for b in active:
-            call = calls[b]
-            tokens[b] += call
-            policy[b] += [1] * len(call)
-            text = tok.decode([i for i in call if i != tok.end_id])
-            observation, reward, done, info = envs[b].step(text)
-            obs = tok.encode(observation) + [tok.turn_id]
-            if not done and len(tokens[b]) + len(obs) + MAX_CALL_TOKENS > model.max_len:
-                # no room for the answer and one more call: the context is full
-                info = envs[b].final_info(False) | {'context_full': True}
-                done, reward = True, envs[b].reward_fn(info)
-            if done:
-                results[b] = (reward, info)
-                continue
-            chunks[b] = call[-1:] + obs
-            tokens[b] += obs
-            policy[b] += [0] * len(obs)
-            logps[b] += [0.0] * len(obs)
-        logits = decoder.feed(chunks)
-    trajs = []
-    for b in range(B):
-        ids = torch.tensor(tokens[b], dtype=torch.long)
-        mask = torch.tensor(policy[b][1:], dtype=DTYPE)
-        reward, info = (results[b] if results[b] is not None
-                        else (0.0, envs[b].final_info(False)))
-        trajs.append(Trajectory(ids, mask, reward, info,
-                                torch.tensor(logps[b][1:], dtype=DTYPE)))
-    return trajs
 
 
 def collate(trajs, pad_id):

@@ -2,8 +2,6 @@
 
 
 __all__ = [
-    'pass_at_k_product',
-    'plugin_pass_at_k',
     'expected_pass_at_k',
     'pass_at_k_summary',
     'binomial_lower_bound',

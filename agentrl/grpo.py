@@ -9,8 +9,6 @@ __all__ = [
     'RLConfig',
     'make_env',
     'sample_groups',
-    'episode_behavior',
-    'behavior_stats',
     'overlong_penalty',
     'compute_advantages',
     'episode_kl',
@@ -166,30 +164,6 @@ def sample_groups(model, env_factory, tasks, tok, cfg, generator):
                              generator)
 
 
-def episode_behavior(trajectory):
-    """What one episode did: passed, reward, reads, tests, edits, first_edit_right,
-    turns, length (policy tokens), malformed (calls the gym could not carry out)."""
-    info, ops = trajectory.info, trajectory.info['ops']
-    malformed = sum(action == 'invalid' or (action.startswith('edit ')
-                                            and action.split()[1] not in arl.EDIT_OPS)
-                    for action in info['actions'])
-    return dict(pass_rate=float(info['submitted'] and info['hidden_pass']),
-                reward=float(trajectory.reward), reads=info['actions'].count('read'),
-                tests=info['actions'].count('test'), edits=len(ops),
-                first_edit_right=float(bool(ops)
-                                       and ops[0] == arl.FIX_OP.get(info['task'])),
-                turns=info['n_turns'], length=float(trajectory.action_mask.sum()),
-                malformed=malformed)
-
-
-def behavior_stats(trajs):
-    """episode_behavior averaged over episodes -> dict of floats."""
-    if not trajs:
-        raise ValueError('behavior_stats needs at least one episode')
-    rows = [episode_behavior(t) for t in trajs]
-    return {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
-
-
 def overlong_penalty(n_turns, cfg):
     """DAPO's soft length penalty per episode: 0, then rising linearly to 1 over the
     last cfg.overlong_buffer turns -> [B]."""
@@ -236,7 +210,7 @@ def kl_penalty(logp, ref_logp, kind='k3'):
         return drift
     if kind == 'k2':
         return drift.square() / 2
-    # k3 = r - 1 - log r with r = pi_ref / pi_theta
+    # k3 = e^(-d) - 1 + d, with d = log pi_theta - log pi_ref
     return torch.expm1(-drift) + drift
 
 
@@ -419,7 +393,7 @@ def train_rl(model, tasks, tok, cfg, steps, log_every=0, eval_tasks=None, eval_e
         kept, sampled = sample_step(model, env_factory, tasks, tok, cfg, generator)
         record = dict(step=step, n_episodes=len(sampled),
                       zero_adv_frac=zero_advantage_fraction(sampled, cfg.group_size))
-        record.update(behavior_stats(sampled))
+        record.update(arl.behavior_stats(sampled))
         if kept:
             record.update(_learn_from(kept, model, optimizer, tok, cfg, ref_model,
                                       generator, objective))
@@ -473,7 +447,7 @@ def evaluate(model, tasks, tok, n_samples=1, temperature=1.0, generator=None, cf
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     env_factory = env_factory or functools.partial(make_env, settings)
-    return behavior_stats(sample_groups(model, env_factory, tasks, tok, settings,
+    return arl.behavior_stats(sample_groups(model, env_factory, tasks, tok, settings,
                                         generator))
 
 

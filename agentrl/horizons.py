@@ -9,8 +9,8 @@ __all__ = [
     'fixable',
     'multi_tasks',
     'MultiBugEnv',
-    'blind_rate',
-    'best_blind',
+    'multibug_blind_pass_rate',
+    'best_blind_sequence',
     'multi_scripted_calls',
     'long_demonstrations',
     'family_combination',
@@ -180,17 +180,18 @@ class MultiBugEnv(arl.EditBudgetEnv):
             states=list(self.states), answers=list(self.answers))
 
 
-def blind_rate(ops, tasks):
-    """Share of tasks that pass every part's hidden tests after the ops, unread."""
+def multibug_blind_pass_rate(ops, tasks):
+    """Chapter 4's blind_pass_rate for tasks of several bugs: the share of tasks that
+    pass every part's hidden tests after the ops, applied unread."""
     return sum(all(parts_passing(apply_ops(t.source, ops), t.parts,
                                  [p.fn_name for p in t.parts]))
                for t in tasks) / len(tasks)
 
 
-def best_blind(tasks, n_edits):
+def best_blind_sequence(tasks, n_edits):
     """The best sequence of n_edits distinct ops applied blind to every task ->
     (ops, pass rate)."""
-    return max(((ops, blind_rate(ops, tasks))
+    return max(((ops, multibug_blind_pass_rate(ops, tasks))
                 for ops in itertools.permutations(arl.FIX_OPS, n_edits)),
                key=lambda pair: pair[1])
 

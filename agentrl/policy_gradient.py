@@ -7,7 +7,8 @@ __all__ = [
     'entropy_from_logits',
     'LOSS_MODES',
     'aggregate_loss',
-    'episode_stats',
+    'episode_behavior',
+    'behavior_stats',
     'sample_episodes',
     'REINFORCE_BASELINES',
     'reinforce_step',
@@ -87,28 +88,35 @@ def aggregate_loss(per_token, mask, mode, norm_const=None):
 import agentrl as arl
 
 
-def episode_stats(trajs):
-    """Per-episode averages over trajs: pass_rate, reward, reads, edits, ..."""
-    n = max(len(trajs), 1)
-    mean = lambda f: sum(float(f(t)) for t in trajs) / n
-    right_op = lambda t: t.info['ops'][:1] == [arl.FIX_OP[t.info['task']]]
-    return dict(pass_rate=mean(lambda t: t.info['submitted'] and t.info['hidden_pass']),
-                reward=mean(lambda t: t.reward),
-                reads=mean(lambda t: t.info['actions'].count('read')),
-                tests=mean(lambda t: t.info['actions'].count('test')),
-                edits=mean(lambda t: len(t.info['ops'])),
-                first_edit_right=mean(right_op),
-                read_first=mean(lambda t: arl.read_before_first_edit(t.info)),
-                turns=mean(lambda t: t.info['n_turns']),
-                length=mean(lambda t: t.action_mask.sum()))
+def episode_behavior(trajectory):
+    """What one episode did: passed, reward, reads, tests, edits, first_edit_right,
+    turns, length (policy tokens), malformed (calls the gym could not carry out)."""
+    info, ops = trajectory.info, trajectory.info['ops']
+    malformed = sum(action == 'invalid' or (action.startswith('edit ')
+                                            and action.split()[1] not in arl.EDIT_OPS)
+                    for action in info['actions'])
+    return dict(pass_rate=float(info['submitted'] and info['hidden_pass']),
+                reward=float(trajectory.reward), reads=info['actions'].count('read'),
+                tests=info['actions'].count('test'), edits=len(ops),
+                first_edit_right=float(bool(ops)
+                                       and ops[0] == arl.FIX_OP.get(info['task'])),
+                turns=info['n_turns'], length=float(trajectory.action_mask.sum()),
+                malformed=malformed)
 
 
-def sample_episodes(model, tasks, tok, samples_per_task, generator, max_turns=6,
+def behavior_stats(trajs):
+    """episode_behavior averaged over episodes -> dict of floats."""
+    if not trajs:
+        raise ValueError('behavior_stats needs at least one episode')
+    rows = [episode_behavior(t) for t in trajs]
+    return {key: sum(row[key] for row in rows) / len(rows) for key in rows[0]}
+
+
+def sample_episodes(model, tasks, tok, group_size, generator, max_turns=6,
                     temperature=1.0, env_factory=None):
-    """samples_per_task consecutive episodes of each task, in lockstep
-    -> [Trajectory]."""
+    """group_size consecutive episodes of each task, in lockstep -> [Trajectory]."""
     env_factory = env_factory or (lambda: arl.BugFixEnv(max_turns))
-    batch_tasks = [task for task in tasks for _ in range(samples_per_task)]
+    batch_tasks = [task for task in tasks for _ in range(group_size)]
     envs = [env_factory() for _ in batch_tasks]
     return arl.rollout_batch(model, envs, batch_tasks, tok, max_turns, temperature,
                              generator)
@@ -153,7 +161,7 @@ def reinforce_step(model, optimizer, trajs, tok, baseline='mean',
                 entropy=masked_mean(entropy_from_logits(logits.detach()), mask).item())
 
 
-def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task=8,
+def train_reinforce(model, tasks, tok, steps, prompts_per_step=8, group_size=8,
                     lr=1e-3, baseline='mean', loss_mode='token_mean', max_turns=6,
                     temperature=1.0, seed=0, log_every=0):
     """Train model with REINFORCE on tasks, in place -> [per-step statistics dict]."""
@@ -162,10 +170,10 @@ def train_reinforce(model, tasks, tok, steps, tasks_per_step=8, samples_per_task
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     history = []
     for step in range(steps):
-        order = torch.randperm(len(tasks), generator=gen)[:tasks_per_step].tolist()
-        trajs = sample_episodes(model, [tasks[i] for i in order], tok, samples_per_task,
+        order = torch.randperm(len(tasks), generator=gen)[:prompts_per_step].tolist()
+        trajs = sample_episodes(model, [tasks[i] for i in order], tok, group_size,
                                 gen, max_turns=max_turns, temperature=temperature)
-        record = dict(step=step, **episode_stats(trajs))
+        record = dict(step=step, **behavior_stats(trajs))
         record.update(reinforce_step(model, optimizer, trajs, tok, baseline, loss_mode,
                                      temperature, max_turns=max_turns))
         history.append(record)
@@ -359,7 +367,7 @@ def _reinforce_copy(model, tasks, tok, run):
 def pass_rate_gap(model, train_tasks, heldout_tasks, tok, seed, episodes=640):
     """Pass rate on train_tasks minus on heldout_tasks, `episodes` spread evenly over
     each list, sampled with generator seed `seed` -> float."""
-    rates = [episode_stats(sample_episodes(
+    rates = [behavior_stats(sample_episodes(
         model, tasks, tok, episodes // len(tasks), torch.Generator().manual_seed(seed)))
         ['pass_rate'] for tasks in (train_tasks, heldout_tasks)]
     return rates[0] - rates[1]

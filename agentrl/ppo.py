@@ -61,8 +61,8 @@ from dataclasses import dataclass
 class PPOConfig:
     """Settings of train_ppo: sampling, GAE, the clipped update and the critic's
     optimizer."""
-    tasks_per_step: int = 8
-    samples_per_task: int = 4      # attempts per task; consecutive in the batch
+    prompts_per_step: int = 8
+    group_size: int = 4           # attempts per task; consecutive in the batch
     temperature: float = 1.0
     max_turns: int = 6
     gamma: float = 1.0
@@ -97,7 +97,7 @@ def ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg, generator=Non
         old_logp, _ = arl.packed_log_probs(policy, ids, lengths, cfg.temperature)
         if critic is None:
             # [B], one per episode
-            adv = arl.group_advantages(batch['rewards'], cfg.samples_per_task)
+            adv = arl.group_advantages(batch['rewards'], cfg.group_size)
             returns, values = None, None
         else:
             values = critic(ids)[:, :-1]
@@ -146,11 +146,12 @@ def train_ppo(policy, tasks, tok, cfg, steps, critic=None, log_every=0, monitor=
                   else torch.optim.Adam(critic.parameters(), lr=cfg.critic_lr))
     history = []
     for step in range(steps):
-        order = torch.randperm(len(tasks), generator=gen)[:cfg.tasks_per_step].tolist()
+        chosen = torch.randperm(len(tasks), generator=gen)[:cfg.prompts_per_step]
+        order = chosen.tolist()
         trajs = arl.sample_episodes(policy, [tasks[i] for i in order], tok,
-                                    cfg.samples_per_task, gen, max_turns=cfg.max_turns,
+                                    cfg.group_size, gen, max_turns=cfg.max_turns,
                                     temperature=cfg.temperature)
-        record = dict(step=step, **arl.episode_stats(trajs))
+        record = dict(step=step, **arl.behavior_stats(trajs))
         batch = arl.collate(trajs, tok.pad_id)
         record.update(ppo_update(policy, critic, policy_opt, critic_opt, batch, cfg,
                                  gen, monitor))

@@ -224,8 +224,8 @@ def best_of_n_by_score(scores, values, n):
 
 
 def gao_fit(d, gain, form):
-    """Least-squares (alpha, beta) of Gao et al.'s gold gain against d = sqrt(KL):
-    'bon' gain = d (alpha - beta d), 'rl' gain = d (alpha - beta log d); d, gain [M]."""
+    """Least-squares (a, b) of Gao et al.'s gold gain against the distance d = sqrt(KL):
+    'bon' gain = d (a - b d), 'rl' gain = d (a - b log d); d, gain [M]."""
     d, gain = (torch.as_tensor(x, dtype=torch.float64) for x in (d, gain))
     if form not in ('bon', 'rl'):
         raise ValueError(f"unknown form {form!r}; expected 'bon' or 'rl'")
@@ -234,20 +234,19 @@ def gao_fit(d, gain, form):
                          f'{tuple(d.shape)} and {tuple(gain.shape)}')
     second = -d * d if form == 'bon' else -d * d.log()
     design = torch.stack([d, second], -1)
-    alpha, beta = torch.linalg.lstsq(design, gain[:, None]).solution[:, 0].tolist()
-    return alpha, beta
+    a, b = torch.linalg.lstsq(design, gain[:, None]).solution[:, 0].tolist()
+    return a, b
 
 
-def gao_peak(alpha, beta, form):
+def gao_peak(a, b, form):
     """Where a fitted gold gain peaks at d > 0 -> (d, gain), None if it never turns
-    down: 'bon' d (alpha - beta d) at alpha / (2 beta), 'rl' d (alpha - beta log d) at
-    exp(alpha / beta - 1)."""
+    down: 'bon' d (a - b d) at a / (2 b), 'rl' d (a - b log d) at exp(a / b - 1)."""
     if form not in ('bon', 'rl'):
         raise ValueError(f"unknown form {form!r}; expected 'bon' or 'rl'")
-    if beta <= 0 or (form == 'bon' and alpha <= 0):
+    if b <= 0 or (form == 'bon' and a <= 0):
         return None                                # rises for ever, or falls from d = 0
-    d = alpha / (2 * beta) if form == 'bon' else math.exp(alpha / beta - 1)
-    return d, d * (alpha - beta * (d if form == 'bon' else math.log(d)))
+    d = a / (2 * b) if form == 'bon' else math.exp(a / b - 1)
+    return d, d * (a - b * (d if form == 'bon' else math.log(d)))
 
 
 def dpo_loss(policy_w, policy_l, ref_w, ref_l, beta):

@@ -206,16 +206,16 @@ def make_hack_base(tok, seed=0):
 
 
 class FlippedRewardEnv(arl.EditBudgetEnv):
-    """EditBudgetEnv whose 0/1 hidden-test reward is flipped with probability epsilon,
+    """EditBudgetEnv whose 0/1 hidden-test reward is flipped with probability flip_prob,
     drawn from rng; info['true_reward'] keeps the verifier's own answer."""
 
-    def __init__(self, epsilon, rng, max_turns=6, max_edits=1):
+    def __init__(self, flip_prob, rng, max_turns=6, max_edits=1):
         super().__init__(max_turns=max_turns, max_edits=max_edits)
-        self.epsilon, self.rng = epsilon, rng
+        self.flip_prob, self.rng = flip_prob, rng
 
     def reward_fn(self, info):
         info['true_reward'] = super().reward_fn(info)
-        flip = self.rng.random() < self.epsilon
+        flip = self.rng.random() < self.flip_prob
         return 1.0 - info['true_reward'] if flip else info['true_reward']
 
 
@@ -224,34 +224,35 @@ class NoisyVerifier:
     seeded by (seed, episode count). It reads no RLConfig: the reward is the hidden
     tests', and max_turns must match the run's cfg.max_turns."""
 
-    def __init__(self, epsilon, seed=0, max_turns=6, max_edits=1):
-        if not 0 <= epsilon < 0.5:
-            raise ValueError(f'epsilon must be in [0, 0.5), got {epsilon!r}')
-        self.epsilon, self.seed, self.episodes = epsilon, seed, 0
+    def __init__(self, flip_prob, seed=0, max_turns=6, max_edits=1):
+        if not 0 <= flip_prob < 0.5:
+            raise ValueError(f'flip_prob must be in [0, 0.5), got {flip_prob!r}')
+        self.flip_prob, self.seed, self.episodes = flip_prob, seed, 0
         self.max_turns, self.max_edits = max_turns, max_edits
 
     def __call__(self):
         self.episodes += 1
         rng = random.Random(f'{self.seed}/{self.episodes}')
-        return FlippedRewardEnv(self.epsilon, rng, self.max_turns, self.max_edits)
+        return FlippedRewardEnv(self.flip_prob, rng, self.max_turns, self.max_edits)
 
 
-def flip_advantage_ratio(passes, epsilon, group_size=8, adv_mode='grpo'):
+def flip_advantage_ratio(passes, flip_prob, group_size=8, adv_mode='grpo'):
     """E[A~ . A] / (A . A) for a group with `passes` true passes whose rewards flip
-    with probability epsilon: exact, over all 2^K flip patterns, each weighted
-    eps^k (1 - eps)^(K - k); A, A~: compute_advantages of the true, reported rewards."""
+    with probability flip_prob: exact, over all 2^K flip patterns, each weighted
+    flip_prob^k (1 - flip_prob)^(K - k); A, A~: compute_advantages of the true,
+    reported rewards."""
     if not 0 < passes < group_size:
         raise ValueError(f'passes must be in 1..{group_size - 1} (a flat group has '
                          f'no true advantage), got {passes!r}')
-    if not 0 <= epsilon <= 1 or group_size > 16:
-        raise ValueError(f'need 0 <= epsilon <= 1 and group_size <= 16, got '
-                         f'{epsilon!r} and {group_size!r}')
+    if not 0 <= flip_prob <= 1 or group_size > 16:
+        raise ValueError(f'need 0 <= flip_prob <= 1 and group_size <= 16, got '
+                         f'{flip_prob!r} and {group_size!r}')
     cfg = arl.RLConfig(group_size=group_size, adv_mode=adv_mode)
     flips = torch.tensor(list(itertools.product((0.0, 1.0), repeat=group_size)),
                          dtype=torch.float64)                              # [2^K, K]
     true = (torch.arange(group_size) < passes).to(torch.float64)             # [K]
     n_flips = flips.sum(-1)
-    weights = epsilon ** n_flips * (1 - epsilon) ** (group_size - n_flips)   # [2^K]
+    weights = flip_prob ** n_flips * (1 - flip_prob) ** (group_size - n_flips)   # [2^K]
     adv = arl.compute_advantages({'rewards': true}, cfg)
     noisy = arl.compute_advantages({'rewards': (true - flips).abs().reshape(-1)}, cfg)
     return ((weights * (noisy.view_as(flips) * adv).sum(-1)).sum()

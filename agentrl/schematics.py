@@ -212,14 +212,14 @@ _REVERSE = r'$\mathrm{KL}(\pi_\theta\,\|\,\pi_{\mathrm{ref}})$'
 _FORWARD = r'$\mathrm{KL}(\pi_{\mathrm{ref}}\,\|\,\pi_\theta)$'
 _NEITHER = ("neither KL\n(verl's kl_penalty types)", GREY)
 # per estimator: its value's properties, then (text, color) in the loss and the reward
-_KL_ROWS = [('$k_1 = -\\log r$\nunbiased; can be negative',
+_KL_ROWS = [('$k_1 = d$\nunbiased; can be negative',
              ('none: expected gradient 0\n(each sampled token is\nstill pushed down)',
               GREY),
              (f'reverse KL\n{_REVERSE}\ntrain_rl: $k_1$ summed over the episode',
               BLUE)),
-            ('$k_2 = (\\log r)^2/2$\nnever negative; biased',
+            ('$k_2 = d^2/2$\nnever negative; biased',
              (f'reverse KL\n{_REVERSE}', BLUE), _NEITHER),
-            ('$k_3 = r - 1 - \\log r$\nunbiased; never negative',
+            ('$k_3 = e^{-d} - 1 + d$\nunbiased; never negative',
              (f'forward KL\n{_FORWARD}\nthe grpo preset ($\\beta$ = 0.04)', ORANGE),
              _NEITHER)]
 
@@ -228,7 +228,8 @@ def kl_estimators(ax=None):
     """Which divergence each KL estimator's expected gradient descends, per place."""
     ax = _canvas(ax, 'kl_estimators')
     columns = ((0.1, 2.8), (3.05, 2.8), (6.0, 2.9))
-    headers = ('estimator at a sampled token,\n$r = \\pi_{\\mathrm{ref}}/\\pi_\\theta$',
+    headers = ('estimator at a sampled token,\n'
+               '$d = \\log\\pi_\\theta - \\log\\pi_{\\mathrm{ref}}$',
                "in the loss\nkl_placement='loss'",
                "in the reward, as a number\nkl_placement='reward'")
     for (x, w), text in zip(columns, headers):

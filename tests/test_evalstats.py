@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
+from agentrl.evalstats import pass_at_k_product, plugin_pass_at_k
 
 torch.set_num_threads(1)
 D = torch.float64
@@ -36,19 +37,19 @@ def exact_pass_at_k(n, c, k):
 
 def test_pass_at_k_product_known_values():
     """pass@k by hand: 1 - C(n-c, k) / C(n, k) equals the product form."""
-    assert arl.pass_at_k_product(4, 1, 2) == pytest.approx(1 - 3 / 6, abs=TOL)
+    assert pass_at_k_product(4, 1, 2) == pytest.approx(1 - 3 / 6, abs=TOL)
     # 1 - C(3, 2) / C(5, 2) = 1 - 3/10 = 1 - (1 - 2/4)(1 - 2/5)
-    assert arl.pass_at_k_product(5, 2, 2) == pytest.approx(0.7, abs=TOL)
-    assert arl.pass_at_k_product(10, 3, 1) == pytest.approx(0.3, abs=TOL)
+    assert pass_at_k_product(5, 2, 2) == pytest.approx(0.7, abs=TOL)
+    assert pass_at_k_product(10, 3, 1) == pytest.approx(0.3, abs=TOL)
 
 
 def test_pass_at_k_product_edges():
     """c = 0 gives exactly 0, n - c < k exactly 1, and k = n is 'any success'."""
-    assert arl.pass_at_k_product(7, 0, 3) == 0.0
-    assert arl.pass_at_k_product(5, 3, 3) == 1.0           # n - c = 2 < k = 3
-    assert arl.pass_at_k_product(6, 1, 6) == 1.0
-    assert arl.pass_at_k_product(6, 0, 6) == 0.0
-    assert arl.pass_at_k_product(1, 1, 1) == 1.0
+    assert pass_at_k_product(7, 0, 3) == 0.0
+    assert pass_at_k_product(5, 3, 3) == 1.0           # n - c = 2 < k = 3
+    assert pass_at_k_product(6, 1, 6) == 1.0
+    assert pass_at_k_product(6, 0, 6) == 0.0
+    assert pass_at_k_product(1, 1, 1) == 1.0
 
 
 def test_pass_at_k_product_matches_exact_form():
@@ -58,12 +59,12 @@ def test_pass_at_k_product_matches_exact_form():
     for n in range(1, 31):
         for c in range(n + 1):
             for k in range(1, n + 1):
-                product = arl.pass_at_k_product(n, c, k)
+                product = pass_at_k_product(n, c, k)
                 assert product == pytest.approx(arl.pass_at_k(n, c, k), abs=TOL)
                 assert product == pytest.approx(float(exact_pass_at_k(n, c, k)), abs=TOL)
 
 
-@pytest.mark.parametrize('fn', [arl.pass_at_k_product, arl.plugin_pass_at_k])
+@pytest.mark.parametrize('fn', [pass_at_k_product, plugin_pass_at_k])
 @pytest.mark.parametrize('n, c, k, bad', [(4, 5, 2, '5'), (4, -1, 2, '-1'), (4, 1, 0, '0'),
                                           (4, 1, 5, '5'), (0, 0, 1, '0'), (4, 1, 2.5, '2.5')])
 def test_pass_at_k_forms_reject_bad_input(fn, n, c, k, bad):
@@ -74,12 +75,12 @@ def test_pass_at_k_forms_reject_bad_input(fn, n, c, k, bad):
 
 def test_plugin_pass_at_k_known_values():
     """The plug-in 1 - (1 - c/n)^k by hand; k = 1 is the pass rate c/n."""
-    assert arl.plugin_pass_at_k(4, 1, 2) == pytest.approx(1 - (3 / 4) ** 2, abs=TOL)
-    assert arl.plugin_pass_at_k(10, 3, 3) == pytest.approx(1 - 0.7 ** 3, abs=TOL)
-    assert arl.plugin_pass_at_k(8, 0, 4) == 0.0
-    assert arl.plugin_pass_at_k(8, 8, 4) == 1.0
+    assert plugin_pass_at_k(4, 1, 2) == pytest.approx(1 - (3 / 4) ** 2, abs=TOL)
+    assert plugin_pass_at_k(10, 3, 3) == pytest.approx(1 - 0.7 ** 3, abs=TOL)
+    assert plugin_pass_at_k(8, 0, 4) == 0.0
+    assert plugin_pass_at_k(8, 8, 4) == 1.0
     for c in range(9):
-        assert arl.plugin_pass_at_k(8, c, 1) == pytest.approx(c / 8, abs=TOL)
+        assert plugin_pass_at_k(8, c, 1) == pytest.approx(c / 8, abs=TOL)
 
 
 def test_expected_pass_at_k_hand_case():

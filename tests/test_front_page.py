@@ -21,9 +21,10 @@ CHAPTER_NUMBER = re.compile(r"\b[Cc]hapters? (\d+)\b")
 
 
 def toc_labels(root: Path) -> list[str]:
-    """The chapter labels `(ch-...)=` of the toc's chapters, in book order."""
+    """The chapter labels `(ch-...)=` of the toc's numbered chapters (its "Chapters" part;
+    the appendix is listed apart), in book order."""
     out = []
-    for rel in tangle.toc_chapters(root):
+    for rel in tangle.toc_part(root, "Chapters"):
         m = re.search(r"^\((ch-[a-z0-9-]+)\)=\s*$", (root / rel).read_text(), re.M)
         assert m, f"{rel} has no chapter label"
         out.append(m.group(1))
@@ -85,11 +86,13 @@ def test_the_check_fails_when_a_chapter_is_added_to_the_toc_but_not_to_the_lists
         shutil.copy(REPO / rel, root / rel)
     shutil.copy(REPO / "book" / "index.md", root / "book" / "index.md")
     assert problems(root) == []
-    n = len(tangle.toc_chapters(REPO))
+    numbered = tangle.toc_part(REPO, "Chapters")
+    n = len(numbered)
     extra = f"{n + 1:02d}-extra"
     (root / "book" / f"{extra}.md").write_text("(ch-extra)=\n# Extra\n")
     toc = (root / "_toc.yml").read_text()
-    last = re.findall(r"^(\s*- file: book/recorded/\d\d-[a-z0-9-]+)$", toc, re.M)[-1]
+    last_slug = numbered[-1].removeprefix("book/").removesuffix(".md")
+    last = re.findall(rf"^(\s*- file: book/recorded/{last_slug})$", toc, re.M)[-1]
     (root / "_toc.yml").write_text(toc.replace(last, last + "\n" + re.sub(
         r"book/recorded/.*", f"book/recorded/{extra}", last)))
     (root / "book" / "recorded").mkdir()

@@ -88,12 +88,12 @@ def test_multi_tasks_counts_and_all_fixable():
 
 
 def test_blind_rates_known_values():
-    assert arl.blind_rate(['swap_minmax'], ONE) == pytest.approx(0.2)
-    assert arl.blind_rate(['swap_minmax', 'fix_comparison'], [PAIR]) == 1.0
-    assert arl.blind_rate(['swap_minmax'], [PAIR]) == 0.0
-    ops, rate = arl.best_blind(ONE, 1)
+    assert arl.multibug_blind_pass_rate(['swap_minmax'], ONE) == pytest.approx(0.2)
+    assert arl.multibug_blind_pass_rate(['swap_minmax', 'fix_comparison'], [PAIR]) == 1.0
+    assert arl.multibug_blind_pass_rate(['swap_minmax'], [PAIR]) == 0.0
+    ops, rate = arl.best_blind_sequence(ONE, 1)
     assert rate == pytest.approx(0.2) and len(ops) == 1
-    ops, rate = arl.best_blind(TWO, 2)
+    ops, rate = arl.best_blind_sequence(TWO, 2)
     assert rate == pytest.approx(1 / 7) and len(set(ops)) == 2
 
 

@@ -190,22 +190,22 @@ def test_sample_episodes_layout_and_stats(gym_setup):
     tok, model, tasks = gym_setup
     trajs = arl.sample_episodes(model, tasks[:3], tok, 2, torch.Generator().manual_seed(0), max_turns=3)
     assert [t.info['task'] for t in trajs] == [tasks[i // 2].name for i in range(6)]
-    s = arl.episode_stats(trajs)
-    expected_keys = {'pass_rate', 'reward', 'reads', 'tests', 'edits', 'first_edit_right', 'read_first',
-                     'turns', 'length'}
+    s = arl.behavior_stats(trajs)
+    expected_keys = {'pass_rate', 'reward', 'reads', 'tests', 'edits', 'first_edit_right',
+                     'turns', 'length', 'malformed'}
     assert set(s) == expected_keys and all(isinstance(v, float) for v in s.values())
     assert 0 <= s['pass_rate'] <= 1 and 1 <= s['turns'] <= 3
     assert s['reads'] == pytest.approx(sum(t.info['actions'].count('read') for t in trajs) / 6)
 
 
-def test_episode_stats_read_first_uses_chapter_4_definition(gym_setup):
+def test_behavior_stats_averages_episode_behavior_on_sampled_episodes(gym_setup):
     tok, model, tasks = gym_setup
     trajs = arl.sample_episodes(model, tasks[:2], tok, 3, torch.Generator().manual_seed(2), max_turns=4)
-    trajs[0].info = dict(trajs[0].info, actions=['read', 'edit swap_minmax', 'submit'])
-    trajs[1].info = dict(trajs[1].info, actions=['read', 'test', 'submit'])      # no edit: not 'read first'
-    expected = sum(arl.read_before_first_edit(t.info) for t in trajs) / len(trajs)
-    assert arl.episode_stats(trajs)['read_first'] == pytest.approx(expected)
-    assert arl.read_before_first_edit(trajs[0].info) and not arl.read_before_first_edit(trajs[1].info)
+    rows = [arl.episode_behavior(t) for t in trajs]
+    stats = arl.behavior_stats(trajs)
+    for key in rows[0]:
+        assert stats[key] == pytest.approx(sum(row[key] for row in rows) / len(rows))
+    assert stats['length'] == pytest.approx(sum(float(t.action_mask.sum()) for t in trajs) / 6)
 
 
 def test_train_reinforce_runs_and_is_reproducible(gym_setup):
@@ -213,7 +213,7 @@ def test_train_reinforce_runs_and_is_reproducible(gym_setup):
     runs = []
     for _ in range(2):
         m = copy.deepcopy(model)
-        hist = arl.train_reinforce(m, tasks, tok, steps=2, tasks_per_step=2, samples_per_task=2, max_turns=3)
+        hist = arl.train_reinforce(m, tasks, tok, steps=2, prompts_per_step=2, group_size=2, max_turns=3)
         runs.append((hist, m.head.weight.detach().clone()))
     assert runs[0][0] == runs[1][0] and torch.equal(runs[0][1], runs[1][1])
     assert {'loss', 'entropy', 'grad_norm', 'pass_rate'} <= set(runs[0][0][0])
@@ -370,7 +370,7 @@ def test_headline_statistics_reject_bad_input(call, message):
 
 def test_reinforce_many_equals_serial_runs_and_pass_rate_gap(gym_setup):
     tok, model, tasks = gym_setup
-    runs = [dict(steps=2, tasks_per_step=2, samples_per_task=2, max_turns=3, seed=s)
+    runs = [dict(steps=2, prompts_per_step=2, group_size=2, max_turns=3, seed=s)
             for s in (0, 1)]
     parallel = arl.reinforce_many(model, tasks, tok, runs, processes=2)
     for (trained, history), run in zip(parallel, runs):
@@ -378,7 +378,7 @@ def test_reinforce_many_equals_serial_runs_and_pass_rate_gap(gym_setup):
         assert arl.train_reinforce(m, tasks, tok, **run) == history
         assert all(torch.equal(a, b) for a, b in zip(m.parameters(), trained.parameters()))
     gap = arl.pass_rate_gap(model, tasks[:2], tasks[2:4], tok, seed=3, episodes=8)
-    rates = [arl.episode_stats(arl.sample_episodes(model, t, tok, 4, torch.Generator().manual_seed(3)))
+    rates = [arl.behavior_stats(arl.sample_episodes(model, t, tok, 4, torch.Generator().manual_seed(3)))
              ['pass_rate'] for t in (tasks[:2], tasks[2:4])]
     assert gap == rates[0] - rates[1]
 
@@ -391,7 +391,7 @@ def test_pass_rate_gap_is_train_minus_heldout_with_even_episodes(monkeypatch):
         calls.append((tuple(tasks), per_task, generator.initial_seed()))
         return tasks
     monkeypatch.setattr(pg, 'sample_episodes', fake_sample)
-    monkeypatch.setattr(pg, 'episode_stats',
+    monkeypatch.setattr(pg, 'behavior_stats',
                         lambda trajs: dict(pass_rate=0.75 if trajs[0] == 'a' else 0.25))
     assert arl.pass_rate_gap(None, ['a', 'b'], ['c', 'd', 'e', 'f'], None, seed=7,
                              episodes=8) == 0.5

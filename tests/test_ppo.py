@@ -123,7 +123,7 @@ def test_ppo_errors():
 def test_train_ppo_with_and_without_critic():
     tok = arl.build_tokenizer(arl.make_tasks('all'))
     tasks = arl.make_tasks('train')
-    cfg = arl.PPOConfig(tasks_per_step=2, samples_per_task=2, max_turns=3, epochs=1, minibatches=2)
+    cfg = arl.PPOConfig(prompts_per_step=2, group_size=2, max_turns=3, epochs=1, minibatches=2)
     policy = arl.TinyAgent(len(tok), seed=0)
     critic = arl.ValueCritic(policy)
     hist = arl.train_ppo(policy, tasks, tok, cfg, steps=2, critic=critic)
@@ -137,7 +137,7 @@ def test_ppo_update_equals_an_update_by_a_plain_forward(monkeypatch, with_critic
     """ppo_update on packed rows (SGD: parameters move by the gradient) matches the same update computed with a
     plain full-sequence forward: statistics, policy and critic parameters, and what the monitor sees."""
     tok = arl.build_tokenizer(arl.make_tasks('all'))
-    cfg = arl.PPOConfig(samples_per_task=2, max_turns=3, epochs=2, minibatches=2, temperature=0.8)
+    cfg = arl.PPOConfig(group_size=2, max_turns=3, epochs=2, minibatches=2, temperature=0.8)
     policy = arl.TinyAgent(len(tok), d_model=16, n_layers=1, n_heads=2, d_ff=32, seed=1)
     trajs = arl.sample_episodes(policy, arl.make_tasks('train')[:4], tok, 2, torch.Generator().manual_seed(0),
                                 max_turns=3, temperature=0.8)

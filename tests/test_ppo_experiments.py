@@ -23,10 +23,10 @@ def small_agent():
 
 
 def small_ppo(**fields):
-    return arl.PPOConfig(**dict(dict(tasks_per_step=2, samples_per_task=4), **fields))
+    return arl.PPOConfig(**dict(dict(prompts_per_step=2, group_size=4), **fields))
 
 
-REINFORCE = dict(tasks_per_step=2, samples_per_task=4, baseline='task')
+REINFORCE = dict(prompts_per_step=2, group_size=4, baseline='task')
 
 
 def _same_params(a, b):

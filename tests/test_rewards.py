@@ -156,15 +156,15 @@ def test_noisy_verifier_flips_at_its_rate_and_keeps_the_truth():
     assert rewards == [1.0 if f else 0.0 for f in flipped[:50]]         # reproducible from the seed
 
 
-def test_noisy_verifier_at_zero_is_the_plain_reward_and_rejects_bad_epsilon():
+def test_noisy_verifier_at_zero_is_the_plain_reward_and_rejects_bad_flip_prob():
     env = arl.NoisyVerifier(0.0)()
     env.reset(TRAIN[0])
     env.step(f'edit {TRAIN[0].fix_op}')
     assert env.step('submit')[1] == 1.0
     for bad in (-0.1, 0.5, 1.0):
-        with pytest.raises(ValueError, match=r'epsilon must be in \[0, 0.5\)'):
+        with pytest.raises(ValueError, match=r'flip_prob must be in \[0, 0.5\)'):
             arl.NoisyVerifier(bad)
-    assert pickle.loads(pickle.dumps(arl.NoisyVerifier(0.1, seed=2))).epsilon == 0.1
+    assert pickle.loads(pickle.dumps(arl.NoisyVerifier(0.1, seed=2))).flip_prob == 0.1
 
 
 # --- the audit ------------------------------------------------------------------------------
@@ -236,11 +236,11 @@ def test_steps_to_known_values():
 # --- the exact flip enumeration -------------------------------------------------------------
 
 @pytest.mark.parametrize('adv_mode', ['mean', 'rloo'])
-def test_flip_ratio_of_linear_advantages_is_one_minus_two_epsilon(adv_mode):
+def test_flip_ratio_of_linear_advantages_is_one_minus_two_flip_probs(adv_mode):
     for passes in range(1, 8):
-        for epsilon in (0.0, 0.1, 0.3, 0.45):
-            assert arl.flip_advantage_ratio(passes, epsilon, 8, adv_mode) == pytest.approx(
-                1 - 2 * epsilon, abs=1e-12)
+        for flip_prob in (0.0, 0.1, 0.3, 0.45):
+            assert arl.flip_advantage_ratio(passes, flip_prob, 8, adv_mode) == pytest.approx(
+                1 - 2 * flip_prob, abs=1e-12)
 
 
 def test_flip_ratio_of_grpo_known_values_and_symmetry():
@@ -260,7 +260,7 @@ def test_flip_ratio_rejects_flat_groups_and_bad_arguments():
     for passes in (0, 8):
         with pytest.raises(ValueError, match='passes must be in 1..7'):
             arl.flip_advantage_ratio(passes, 0.1)
-    with pytest.raises(ValueError, match='need 0 <= epsilon <= 1'):
+    with pytest.raises(ValueError, match='need 0 <= flip_prob <= 1'):
         arl.flip_advantage_ratio(1, 1.5)
     with pytest.raises(ValueError, match="unknown adv_mode 'median'"):
         arl.flip_advantage_ratio(1, 0.1, 8, 'median')

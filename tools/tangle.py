@@ -127,6 +127,24 @@ def toc_chapters(root: Path) -> list[str]:
     return out
 
 
+def toc_part(root: Path, caption: str) -> list[str]:
+    """The chapter sources of the ``_toc.yml`` part with this caption ("Chapters",
+    "Appendix"), in order, as ``book/NN-slug.md`` paths; [] when there is no such part."""
+    toc_path = root / "_toc.yml"
+    if not toc_path.exists():
+        return []
+    toc = yaml.safe_load(toc_path.read_text()) or {}
+    wanted = set()
+    for part in toc.get("parts", []) or []:
+        if part.get("caption") == caption:
+            for entry in part.get("chapters", []) or []:
+                f = re.sub(r"\.(ipynb|md)$", "", str(entry.get("file", "")))
+                m = re.match(r"^book/recorded/(\d\d-[a-z0-9-]+)$", f)
+                if m:
+                    wanted.add(f"book/{m.group(1)}.md")
+    return [rel for rel in toc_chapters(root) if rel in wanted]
+
+
 def split_front_matter(text: str) -> tuple[dict, int]:
     """Return (front matter dict, number of lines it takes)."""
     lines = text.split("\n")
