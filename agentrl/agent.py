@@ -247,6 +247,11 @@ class TinyAgent(nn.Module):
         """The cached decoder rollout_batch samples with: _Lockstep."""
         return _Lockstep(self, batch_size)
 
+    def rollout(self, envs, tasks, tok, max_turns=6, temperature=1.0, generator=None):
+        """How this policy plays a batch of episodes, as Chapter 9's sample_groups asks:
+        rollout_batch -> [Trajectory]."""
+        return rollout_batch(self, envs, tasks, tok, max_turns, temperature, generator)
+
 
 def count_parameters(model):
     """Number of trainable parameters."""

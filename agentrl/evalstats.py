@@ -366,6 +366,11 @@ class Greedy:
         """model's decoder with every logit but the largest set to -inf."""
         return _ArgmaxDecoder(self.model.decoder(batch_size))
 
+    def rollout(self, envs, tasks, tok, max_turns=6, temperature=1.0, generator=None):
+        """rollout_batch on this decoder -> [Trajectory]."""
+        return arl.rollout_batch(self, envs, tasks, tok, max_turns, temperature,
+                                 generator)
+
 
 class _ArgmaxDecoder:
     def __init__(self, inner):

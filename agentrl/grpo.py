@@ -160,8 +160,7 @@ def sample_groups(model, env_factory, tasks, tok, cfg, generator):
         renamer = random.Random(torch.randint(2 ** 62, (), generator=generator).item())
         attempts = [randomize_names(task, renamer) for task in attempts]
     envs = [env_factory() for _ in attempts]
-    return arl.rollout_batch(model, envs, attempts, tok, cfg.max_turns, cfg.temperature,
-                             generator)
+    return model.rollout(envs, attempts, tok, cfg.max_turns, cfg.temperature, generator)
 
 
 def overlong_penalty(n_turns, cfg):
