@@ -28,3 +28,4 @@ from .evalstats import *  # book/17-evaluation.md
 from .preferences import *  # book/18-reward-models-and-preferences.md
 from .debugging import *  # book/19-debugging-rl-runs.md
 from .frontier import *  # book/20-frontier.md
+from .hf import *  # book/21-real-model.md

@@ -13,7 +13,7 @@ if [[ "${1:-}" == "--browser" ]] && [[ ! -x /usr/bin/chromium ]]; then
 fi
 echo "setup: pip install torch==2.13.0 (CPU build first), then the pinned toolchain"
 $PY -m pip install -q torch==2.13.0
-$PY -m pip install -q -r tools/requirements-pinned.txt -e ".[book,test,scale,trainers]"
+$PY -m pip install -q -r tools/requirements-pinned.txt -e ".[book,test,scale,trainers,hf]"
 # the trainers whose own config code checks chapter 14's translations: their YAML and parser
 # only, so without their GPU dependencies (pip lists those as unmet; nothing imports them)
 $PY -m pip install -q --no-deps verl==0.8.0 openrlhf==0.11.2

@@ -1,0 +1,595 @@
+# Generated from book/21-real-model.md by tools/tangle.py. Do not edit: edit the chapter and re-run the tangler.
+
+
+__all__ = [
+    'CALL_OPEN',
+    'CALL_CLOSE',
+    'TOOL_ARITY',
+    'TEXT_MALFORMED',
+    'CALL_FORMS',
+    'SYSTEM_PROMPT',
+    'OBSERVATION_ROLES',
+    'parse_text_call',
+    'TextBugFixEnv',
+    'make_text_env',
+    'ChatTokenizer',
+    'ChatTrajectory',
+    'LOGIT_TRANSFORMS',
+    'check_plain_model',
+    'HFPolicy',
+    'retokenization_report',
+    'ModelShape',
+    'GIB',
+    'training_memory',
+    'lora_memory',
+    'forward_flops',
+    'step_flops',
+]
+
+
+import dataclasses
+import re
+
+import torch
+import torch.nn as nn
+
+import agentrl as arl
+
+CALL_OPEN, CALL_CLOSE = '<call>', '</call>'
+_CALL = re.compile(r'<call>(.*?)</call>', re.DOTALL)
+TOOL_ARITY = {'read': 0, 'test': 0, 'edit': 1, 'submit': 0}   # arguments per tool
+TEXT_MALFORMED = ('no_call', 'unclosed', 'several_calls', 'empty_call', 'unknown_tool',
+                  'bad_arguments', 'unknown_op')
+CALL_FORMS = ('<call>read</call>', '<call>test</call>', '<call>edit OP</call>',
+              '<call>submit</call>')
+SYSTEM_PROMPT = (
+    'You fix a bug in a small Python function. Each turn, write exactly one tool '
+    'call, in this form: ' + ', '.join(CALL_FORMS) + '. OP is one of: '
+    + ', '.join(arl.EDIT_OPS) + '. read shows the code, test runs the public tests, '
+    'edit applies one repair, submit ends the episode and the hidden tests decide '
+    'whether the fix is right.')
+OBSERVATION_ROLES = ('user', 'tool')
+
+
+def _malformed(kind, detail):
+    """(kind, message) for one malformed call, the message ending with what is
+    accepted."""
+    accepted = ('edit ops: ' + ', '.join(arl.EDIT_OPS) if kind == 'unknown_op'
+                else 'calls: ' + ', '.join(CALL_FORMS))
+    return kind, f'Malformed call ({kind}): {detail}. Accepted {accepted}.'
+
+
+def parse_text_call(text):
+    """Free text -> (the gym's call string, None) or (the call string the gym logs as
+    malformed, (kind, message)), kind one of TEXT_MALFORMED."""
+    calls, opened = _CALL.findall(text), text.count(CALL_OPEN)
+    if opened != text.count(CALL_CLOSE) or opened != len(calls):
+        return '', _malformed('unclosed', f'{opened} {CALL_OPEN} and '
+                              f'{text.count(CALL_CLOSE)} {CALL_CLOSE} do not pair up')
+    if not calls:
+        return '', _malformed('no_call', f'no {CALL_OPEN}...{CALL_CLOSE} in the turn')
+    if len(calls) > 1:
+        return '', _malformed('several_calls', f'{len(calls)} calls in one turn; '
+                              'write exactly one')
+    words = calls[0].split()
+    if not words:
+        return '', _malformed('empty_call', 'the call names no tool')
+    tool, args = words[0], words[1:]
+    if tool not in TOOL_ARITY:
+        return '', _malformed('unknown_tool', f'unknown tool {tool!r}')
+    if len(args) != TOOL_ARITY[tool]:
+        return '', _malformed('bad_arguments', f'{tool} takes {TOOL_ARITY[tool]} '
+                              f'argument(s), got {len(args)}: {args}')
+    if tool == 'edit' and args[0] not in arl.EDIT_OPS:
+        # logged as the gym logs an unknown op, so is_malformed counts it
+        return f'edit {args[0]}', _malformed('unknown_op',
+                                             f'unknown edit op {args[0]!r}')
+    return ' '.join(words), None
+
+
+_PLAIN = {arl.MESSAGES['changed']: 'The edit changed the code.',
+          arl.MESSAGES['unchanged']: 'The edit did not change the code.'}
+
+
+class TextBugFixEnv:
+    """A BugFix gym (inner: BugFixEnv or a subclass; None = BugFixEnv(**gym_args)) with
+    plain-text observations and free-text actions: one <call>TOOL ARGS</call> a turn."""
+
+    system = SYSTEM_PROMPT
+
+    def __init__(self, inner=None, **gym_args):
+        if inner is not None and gym_args:
+            raise ValueError(f'pass inner or gym arguments, not both: '
+                             f'{sorted(gym_args)}')
+        self.inner = inner if inner is not None else arl.BugFixEnv(**gym_args)
+        self.malformed = []          # per turn: None, or the kind of malformed call
+
+    @property
+    def max_turns(self):
+        """The inner gym's turn budget."""
+        return self.inner.max_turns
+
+    def reset(self, task):
+        """Start an episode on task -> the issue as plain text."""
+        self.inner.reset(task)
+        self.malformed = []
+        return (f"Issue: the function {task.fn_name} returns wrong results. "
+                f"Find and fix the bug.")
+
+    def step(self, text):
+        """Parse and apply one free-text turn -> (observation text, reward, done, info);
+        info is the inner gym's."""
+        call, problem = parse_text_call(text)
+        self.malformed.append(problem and problem[0])
+        edits = len(getattr(self.inner, 'ops', ()))
+        observation, reward, done, info = self.inner.step(call)
+        if problem is not None:
+            return problem[1], reward, done, info
+        return self._plain(call, observation, edits), reward, done, info
+
+    def _plain(self, call, observation, edits):
+        """The gym's answer to a well-formed call as a sentence or the source."""
+        tool = call.split()[0]
+        if tool == 'read':         # plain Python, unless the gym shortened its read
+            plain = observation == arl.compact_source(self.inner.source)
+            return f'Source:\n{self.inner.source if plain else observation}'
+        if tool == 'test':
+            return f'Public tests: {observation}'
+        if tool == 'edit' and len(self.inner.ops) == edits and hasattr(
+                self.inner, 'max_edits'):
+            return (f'Edit refused: the budget of {self.inner.max_edits} edit(s) '
+                    f'is spent.')
+        return _PLAIN.get(observation, observation or 'Submitted.')
+
+    def final_info(self, submitted):
+        """The inner gym's final info."""
+        return self.inner.final_info(submitted)
+
+    def reward_fn(self, info):
+        """The inner gym's reward of a final info."""
+        return self.inner.reward_fn(info)
+
+
+def make_text_env(cfg):
+    """arl.make_env(cfg) (the gym train_rl would use) as a TextBugFixEnv; pickles with
+    functools.partial for train_many."""
+    return TextBugFixEnv(arl.make_env(cfg))
+
+
+class ChatTokenizer:
+    """A transformers tokenizer with a chat template as train_rl's tok: pad_id, stop
+    ids, and the chat layout (observation_role 'user' or 'tool')."""
+
+    def __init__(self, tokenizer, stop_tokens=None, observation_role='user'):
+        if not getattr(tokenizer, 'chat_template', None):
+            raise ValueError('the tokenizer has no chat_template; set one (a Jinja '
+                             'string over messages and add_generation_prompt)')
+        if observation_role not in OBSERVATION_ROLES:
+            raise ValueError(f'unknown observation_role {observation_role!r}; '
+                             f'expected one of {OBSERVATION_ROLES}')
+        stop_tokens = stop_tokens or [tokenizer.eos_token]
+        if None in stop_tokens:
+            raise ValueError('the tokenizer has no eos_token; pass stop_tokens')
+        unknown = [s for s in stop_tokens if s not in tokenizer.get_vocab()]
+        if unknown:
+            raise ValueError(f'stop tokens {unknown} are not in the vocabulary; pass '
+                             f'tokens the model can write, e.g. its eos_token')
+        self.hf, self.observation_role = tokenizer, observation_role
+        self.stop_tokens = list(stop_tokens)
+        self.stop_ids = set(tokenizer.convert_tokens_to_ids(self.stop_tokens))
+        pad = tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else tokenizer.eos_token_id
+        self.closing_ids = self._closing_ids()
+
+    def _closing_ids(self):
+        """The stop ids whose text the template itself writes right after an
+        assistant message (ChatML's <|im_end|>); other stop ids stay in the content."""
+        probe = 'Zq9'
+        text = self.render([{'role': 'system', 'content': 's'},
+                            {'role': 'user', 'content': 'u'},
+                            {'role': 'assistant', 'content': probe}], False)
+        after = text[text.rindex(probe) + len(probe):]
+        return {i for i in self.stop_ids if after.startswith(self.token_text(i))}
+
+    def __len__(self):
+        return len(self.hf)
+
+    def render(self, messages, generation_prompt):
+        """Chat messages [{'role', 'content'}] -> the template's text."""
+        return self.hf.apply_chat_template(messages, tokenize=False,
+                                           add_generation_prompt=generation_prompt)
+
+    def encode(self, text):
+        """Text -> [ids], no special tokens added beyond those written in text."""
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids):
+        """[ids] -> text, special tokens kept, spaces not cleaned up."""
+        return self.hf.decode(list(ids), skip_special_tokens=False,
+                              clean_up_tokenization_spaces=False)
+
+    def token_text(self, token_id):
+        """The text one id stands for in a rendered template (its token string)."""
+        return self.hf.convert_ids_to_tokens(int(token_id))
+
+
+def _transformers():
+    """The transformers package, imported on first use (the core needs torch only),
+    without tqdm's notice that Jupyter widgets are missing."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='IProgress not found')
+        import transformers
+    return transformers
+
+
+def _cache_keyword(body):
+    """The name body.forward takes its KV cache under: 'cache' (transformers >= 5.2x)
+    or 'past_key_values'."""
+    import inspect
+    return ('cache' if 'cache' in inspect.signature(body.forward).parameters
+            else 'past_key_values')
+
+
+@dataclasses.dataclass
+class ChatTrajectory(arl.Trajectory):
+    """A Trajectory (ids [T], action_mask and sample_logp [T-1]) with its chat
+    messages, the transcript the ids were laid out from."""
+    messages: list = None
+
+
+LOGIT_TRANSFORMS = ('final_logit_softcapping', 'logit_scale', 'logits_scaling')
+
+
+def check_plain_model(model):
+    """Refuse a model whose logits are not its output layer applied to its decoder's
+    last hidden states, or whose dropout would make two passes disagree."""
+    config = model.config.to_dict()
+    transforms = {k: config[k] for k in LOGIT_TRANSFORMS
+                  if config.get(k) not in (None, 1, 1.0)}
+    if transforms:
+        raise ValueError(f'the model transforms its logits after the output layer '
+                         f'({transforms}); HFPolicy scores head(decoder output) and '
+                         f'would not match the model: set them to None or 1')
+    dropout = {k: v for k, v in config.items() if ('dropout' in k or k.endswith(
+        'pdrop')) and isinstance(v, (int, float)) and v > 0}
+    dropout |= {name: m.p for name, m in model.named_modules()
+                if isinstance(m, nn.Dropout) and m.p > 0}
+    if dropout:
+        raise ValueError(f'dropout is on ({dropout}): the training pass would score '
+                         f'a different network than the one that sampled; set it to 0')
+
+
+class HFPolicy(nn.Module):
+    """A transformers causal LM as a train_rl policy: rollout plays chat episodes,
+    hidden/ln_f/head give log-probs on the same ids [B, T]. With loss_mode='constant'
+    set cfg.norm_const (its default counts MAX_CALL_TOKENS tokens a turn)."""
+
+    def __init__(self, model, max_new_tokens=24, max_len=None):
+        super().__init__()
+        if max_new_tokens < 1:
+            raise ValueError(f'max_new_tokens must be at least 1, got {max_new_tokens}')
+        check_plain_model(model)
+        self.lm, self.max_new_tokens = model, max_new_tokens
+        self.max_len = max_len or model.config.max_position_embeddings
+        self.ln_f = nn.Identity()          # the body's output is already normalized
+
+    def head(self, hidden):
+        """The output layer: hidden [..., D] -> logits [..., V], in float32 or wider
+        (a log-softmax in bf16 keeps 8 significant bits)."""
+        logits = self.lm.get_output_embeddings()(hidden)
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+    def forward(self, ids):
+        """ids [B, T] -> logits [B, T, V], through hidden and head."""
+        B, T = ids.shape
+        return self.head(self.hidden(ids.reshape(B * T), [(B, T)])).view(B, T, -1)
+
+    def hidden(self, ids, buckets):
+        """Rows laid end to end, ids [N], in buckets [(rows, T)] -> the body's last
+        hidden states [N, D]; rows are right-padded, so causal attention suffices."""
+        longest = max(T for _, T in buckets)
+        if longest > self.max_len:
+            raise ValueError(f'sequence length {longest} exceeds max_len '
+                             f'{self.max_len}')
+        body, start, out = self.lm.get_decoder(), 0, []
+        for rows, T in buckets:
+            x = ids[start:start + rows * T].view(rows, T)
+            out.append(body(input_ids=x, use_cache=False).last_hidden_state.reshape(
+                rows * T, -1))
+            start += rows * T
+        return torch.cat(out)
+
+    def _feed(self, cache, ids):
+        """Append ids [n] to one row's cache -> logits [V] after the last of them."""
+        body = self.lm.get_decoder()
+        with torch.no_grad():
+            h = body(input_ids=torch.tensor([ids], device=self.lm.device),
+                     use_cache=True, **{_cache_keyword(body): cache}).last_hidden_state
+            return self.head(self.ln_f(h[0, -1])).cpu()
+
+    def _sample_turn(self, cache, logits, tok, temperature, generator):
+        """Sample one assistant turn from logits [V] on: up to max_new_tokens ids, a
+        stop id ends it -> (ids, their log-probs at temperature); the last id is not
+        fed."""
+        ids, logps = [], []
+        for k in range(self.max_new_tokens):
+            log_probs = torch.log_softmax(logits / temperature, -1)
+            token = int(torch.multinomial(log_probs.exp(), 1, generator=generator))
+            ids.append(token)
+            logps.append(float(log_probs[token]))
+            if token in tok.stop_ids or k == self.max_new_tokens - 1:
+                break
+            logits = self._feed(cache, [token])
+        return ids, logps
+
+    def rollout(self, envs, tasks, tok, max_turns=6, temperature=1.0, generator=None):
+        """Play one chat episode per (env, task), each env a TextBugFixEnv (reset, step,
+        system) -> [ChatTrajectory]; what arl.sample_groups asks of a model."""
+        if len(envs) != len(tasks):
+            raise ValueError(f'got {len(envs)} envs for {len(tasks)} tasks; '
+                             'need one env per task')
+        if temperature <= 0:
+            raise ValueError(f'temperature must be positive, got {temperature}')
+        if not isinstance(tok, ChatTokenizer):
+            raise ValueError(f'tok must be a ChatTokenizer, got {type(tok).__name__}')
+        return [self._episode(env, task, tok, max_turns, temperature, generator)
+                for env, task in zip(envs, tasks)]
+
+    def _episode(self, env, task, tok, max_turns, temperature, generator):
+        """One chat episode: template and observation tokens flagged 0, sampled tokens 1
+        with their log-probs -> ChatTrajectory."""
+        chat = _Transcript(tok, env.system, env.reset(task))
+        if len(chat.ids) > self.max_len:
+            raise ValueError(f'the prompt alone ({len(chat.ids)} tokens) exceeds '
+                             f'max_len {self.max_len}; shorten the task or the system')
+        if len(chat.ids) + self.max_new_tokens > self.max_len:
+            # no room for one turn after the prompt: the context is full at once
+            info = env.final_info(False) | {'context_full': True}
+            return chat.trajectory(env.reward_fn(info), info)
+        cache = _transformers().DynamicCache()
+        logits, result = self._feed(cache, chat.ids), None
+        for _ in range(max_turns):
+            sampled, logps = self._sample_turn(cache, logits, tok, temperature,
+                                               generator)
+            observation, reward, done, info = env.step(chat.assistant(sampled, logps))
+            if done:
+                result = (reward, info)
+                break
+            delta = chat.observation(observation)
+            if len(chat.ids) + len(delta) + self.max_new_tokens > self.max_len:
+                # no room for the answer and one more turn: the context is full
+                info = env.final_info(False) | {'context_full': True}
+                result = (env.reward_fn(info), info)
+                break
+            logits = self._feed(cache, sampled[-1:] + chat.extend(delta))
+        # turns spent without an end: reward 0, as chapter 5's rollout_batch gives
+        return chat.trajectory(*(result or (0.0, env.final_info(False))))
+
+
+class _Transcript:
+    """One chat episode as it grows: messages, the rendered text, ids [T], policy flags
+    [T] and sampling log-probs [T] (0 off the policy's tokens)."""
+
+    def __init__(self, tok, system, first):
+        self.tok = tok
+        self.messages = [{'role': 'system', 'content': system},
+                         {'role': 'user', 'content': first}]
+        self.text = tok.render(self.messages, True)
+        self.ids = tok.encode(self.text)
+        self.flags, self.logps = [0] * len(self.ids), [0.0] * len(self.ids)
+        self.content, self.stop_id, self._pending = None, None, None
+
+    def assistant(self, sampled, logps):
+        """Add a sampled turn (ids, log-probs) -> its content, the text the env reads
+        (without a stop token the template writes itself, such as <|im_end|>)."""
+        self.ids, self.flags = self.ids + sampled, self.flags + [1] * len(sampled)
+        self.logps += logps
+        closing = sampled[-1] in self.tok.closing_ids
+        self.stop_id = sampled[-1] if closing else None
+        self.content = self.tok.decode(sampled[:-1] if closing else sampled)
+        self.messages.append({'role': 'assistant', 'content': self.content})
+        return self.content
+
+    def observation(self, text):
+        """Render the env's answer as the next message -> the new template ids after
+        the sampled turn, up to the next generation prompt (not yet added)."""
+        role = self.tok.observation_role
+        messages = self.messages + [{'role': role, 'content': text}]
+        rendered, before = self.tok.render(messages, True), self.text + self.content
+        if not rendered.startswith(before):
+            at = next((i for i, (a, b) in enumerate(zip(rendered, before)) if a != b),
+                      min(len(rendered), len(before)))
+            raise ValueError(f'the chat template renders the conversation differently '
+                             f'from the previous rendering plus the assistant content, '
+                             f'at character {at}: expected {before[at:at + 24]!r}, got '
+                             f'{rendered[at:at + 24]!r}; a template that rewrites or '
+                             f'trims earlier turns cannot be sampled turn by turn')
+        delta = rendered[len(before):]
+        stop = self.stop_id is not None and self.tok.token_text(self.stop_id)
+        if stop and delta.startswith(stop):          # the model already wrote it
+            delta = delta[len(stop):]
+        self._pending = messages, rendered
+        return self.tok.encode(delta)
+
+    def extend(self, delta):
+        """Keep the observation whose ids [n] observation() returned -> delta."""
+        self.messages, self.text = self._pending
+        self.ids, self.flags = self.ids + delta, self.flags + [0] * len(delta)
+        self.logps += [0.0] * len(delta)
+        return delta
+
+    def trajectory(self, reward, info):
+        """The episode -> ChatTrajectory (action_mask and sample_logp [T-1])."""
+        return ChatTrajectory(torch.tensor(self.ids, dtype=torch.long),
+                              torch.tensor(self.flags[1:], dtype=arl.DTYPE), reward,
+                              info, torch.tensor(self.logps[1:], dtype=arl.DTYPE),
+                              self.messages)
+
+
+# the chat template of the local tokenizer: ChatML, as many instruction-tuned models use
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+          "<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_SPECIAL = ['<pad>', '<unk>', '<|im_start|>', '<|im_end|>']
+
+
+def gym_texts():
+    """Every text the text gym shows or accepts, on every task -> [str]: the corpus a
+    local tokenizer is trained on."""
+    texts = [SYSTEM_PROMPT, *CALL_FORMS, 'system user assistant tool']
+    calls = ['read', 'test', *(f'edit {op}' for op in arl.EDIT_OPS)]
+    bad = ['', 'read', '<call>x</call>', '<call>read</call><call>test</call>', '<call>',
+           '<call></call>', '<call>read 1</call>', '<call>edit fix_foo</call>']
+    for task in arl.make_tasks('all'):
+        env = TextBugFixEnv(max_turns=20)
+        texts.append(env.reset(task))
+        turns = [f'<call>{c}</call>' for c in calls] + bad + ['<call>submit</call>']
+        for text in turns:
+            texts.append(env.step(text)[0])
+    return texts
+
+
+def local_chat_tokenizer(kind='word'):
+    """A transformers tokenizer trained here on gym_texts, with CHATML: 'word' (one
+    id per word or punctuation mark) or 'bpe' (byte-level BPE, 400 ids)
+    -> ChatTokenizer."""
+    transformers = _transformers()
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    if kind not in ('word', 'bpe'):
+        raise ValueError(f"unknown tokenizer kind {kind!r}; expected 'word' or 'bpe'")
+    if kind == 'word':
+        core = Tokenizer(models.WordLevel(unk_token='<unk>'))
+        core.pre_tokenizer = pre_tokenizers.Whitespace()
+        trainer = trainers.WordLevelTrainer(special_tokens=_SPECIAL,
+                                            show_progress=False)
+    else:
+        core = Tokenizer(models.BPE())
+        core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        core.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=400, special_tokens=_SPECIAL, show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    core.train_from_iterator(gym_texts(), trainer)
+    core.add_tokens([CALL_OPEN, CALL_CLOSE])
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token='<pad>', unk_token='<unk>',
+        eos_token='<|im_end|>', bos_token='<|im_start|>')
+    hf.chat_template = CHATML
+    return ChatTokenizer(hf)
+
+
+def tiny_chat_llama(tok, dtype=torch.float64, seed=0, max_new_tokens=10):
+    """A randomly initialized Llama (2 layers, width 32) over tok's ids, built from a
+    config, nothing downloaded -> HFPolicy."""
+    transformers = _transformers()
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        pad_token_id=tok.pad_id, bos_token_id=tok.hf.bos_token_id,
+        eos_token_id=tok.hf.eos_token_id, tie_word_embeddings=False)
+    return HFPolicy(transformers.LlamaForCausalLM(config).to(dtype),
+                    max_new_tokens=max_new_tokens)
+
+
+def retokenization_report(traj, tok):
+    """Render traj.messages with the chat template and encode the text -> None if that
+    gives traj.ids (the template may add closing tokens after them), else a dict
+    naming the first differing position."""
+    again = tok.encode(tok.render(traj.messages, False))
+    ids = traj.ids.tolist()
+    position = next((i for i, (a, b) in enumerate(zip(ids, again)) if a != b), None)
+    if position is None and len(again) >= len(ids):
+        return None
+    position = len(again) if position is None else position
+    flags = [0] + traj.action_mask.long().tolist()
+    return dict(position=position, sampled=tok.decode(ids[position:position + 6]),
+                retokenized=tok.decode(again[position:position + 6]),
+                in_assistant_turn=bool(position < len(flags) and flags[position]),
+                n_sampled=len(ids), n_retokenized=len(again))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The config.json numbers that size a decoder-only model (Qwen2's layout)."""
+    name: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    tied: bool              # input embedding reused as the output layer
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+    def parameters(self):
+        """Parameter count: embeddings, attention with q/k/v biases, SwiGLU MLP, two
+        norms a block, the final norm and an untied output layer."""
+        kv = self.kv_heads * self.head_dim
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv \
+            + self.hidden + 2 * kv
+        layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.vocab * self.hidden + self.layers * layer + self.hidden + head
+
+    def matmul_parameters(self):
+        """The parameters a forward pass multiplies by: all but an untied input
+        embedding, which is a lookup."""
+        return self.parameters() - (0 if self.tied else self.vocab * self.hidden)
+
+    def lora_parameters(self, rank):
+        """Adapter parameters of rank-r LoRA on the seven linear layers of every block
+        (q, k, v, o, gate, up, down): r x (inputs + outputs) each."""
+        h, kv, i = self.hidden, self.kv_heads * self.head_dim, self.intermediate
+        per_block = 2 * (h + h) + 2 * (h + kv) + 2 * (h + i) + (i + h)
+        return rank * self.layers * per_block
+
+    def kv_bytes_per_token(self, bytes_per_value=2):
+        """Key-value cache of one token, all layers (bf16: 2 bytes a value)."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * bytes_per_value
+
+
+GIB = 2 ** 30
+
+
+def training_memory(shape, tokens_in_flight, adam_bytes=12, kl_reference=False):
+    """GiB on one GPU for full-parameter RL in mixed precision -> dict: bf16 weights
+    and gradients (2 bytes a parameter each); the optimizer's fp32 master weights and
+    two moments (adam_bytes: 12 with fp32 moments, 6 with 8-bit ones); a bf16
+    reference copy for a KL penalty; the sampler's KV cache for tokens_in_flight
+    tokens. Activations are left out (checkpointing and micro-batch size set them)."""
+    n = shape.parameters()
+    parts = dict(weights=2 * n, gradients=2 * n, optimizer=adam_bytes * n,
+                 reference=2 * n if kl_reference else 0,
+                 kv_cache=tokens_in_flight * shape.kv_bytes_per_token())
+    return {key: value / GIB for key, value in parts.items()}
+
+
+def lora_memory(shape, tokens_in_flight, rank):
+    """GiB on one GPU for RL with rank-r LoRA -> training_memory's dict: frozen bf16
+    weights plus the adapters, whose gradients, fp32 master copy and Adam moments
+    (2 + 12 bytes an adapter parameter) are all that trains; a KL reference is the same
+    weights with the adapters off."""
+    n, a = shape.parameters(), shape.lora_parameters(rank)
+    parts = dict(weights=2 * (n + a), gradients=2 * a, optimizer=12 * a, reference=0,
+                 kv_cache=tokens_in_flight * shape.kv_bytes_per_token())
+    return {key: value / GIB for key, value in parts.items()}
+
+
+def forward_flops(shape, context):
+    """Floating-point operations of one token's forward pass when it attends to
+    context tokens: 2 per multiplied weight, 4 x hidden per layer and attended token
+    (scores and weighted values) -> float."""
+    return 2 * shape.matmul_parameters() + 4 * shape.layers * shape.hidden * context
+
+
+def step_flops(shape, tokens, context, forwards=1, updates=1):
+    """Operations of one RL step over tokens (every token of every episode, prompts
+    and observations too): forwards passes without gradients (sampling is one; a KL
+    reference or a recomputed pi_old one more each) and updates passes with them (a
+    forward and a backward, 3 forwards' worth) -> float."""
+    return tokens * forward_flops(shape, context) * (forwards + 3 * updates)
