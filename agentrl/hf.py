@@ -17,7 +17,24 @@ __all__ = [
     'LOGIT_TRANSFORMS',
     'check_plain_model',
     'HFPolicy',
+    'ChatTranscript',
     'retokenization_report',
+    'REWARD_FIELD',
+    'task_prompt',
+    'episode_layout',
+    'TRLRollout',
+    'gym_reward',
+    'trl_dataset',
+    'trl_config',
+    'trl_trainer',
+    'VERL_AGENT_NAME',
+    'verl_task',
+    'verl_rows',
+    'verl_episode',
+    'verl_config',
+    'openrlhf_executor',
+    'write_openrlhf_agent_file',
+    'openrlhf_flags',
     'ModelShape',
     'GIB',
     'training_memory',
@@ -28,6 +45,8 @@ __all__ = [
 
 
 import dataclasses
+import functools
+import os
 import re
 
 import torch
@@ -300,7 +319,7 @@ class HFPolicy(nn.Module):
             start += rows * T
         return torch.cat(out)
 
-    def _feed(self, cache, ids):
+    def feed(self, cache, ids):
         """Append ids [n] to one row's cache -> logits [V] after the last of them."""
         body = self.lm.get_decoder()
         with torch.no_grad():
@@ -308,7 +327,7 @@ class HFPolicy(nn.Module):
                      use_cache=True, **{_cache_keyword(body): cache}).last_hidden_state
             return self.head(self.ln_f(h[0, -1])).cpu()
 
-    def _sample_turn(self, cache, logits, tok, temperature, generator):
+    def sample_turn(self, cache, logits, tok, temperature, generator):
         """Sample one assistant turn from logits [V] on: up to max_new_tokens ids, a
         stop id ends it -> (ids, their log-probs at temperature); the last id is not
         fed."""
@@ -320,7 +339,7 @@ class HFPolicy(nn.Module):
             logps.append(float(log_probs[token]))
             if token in tok.stop_ids or k == self.max_new_tokens - 1:
                 break
-            logits = self._feed(cache, [token])
+            logits = self.feed(cache, [token])
         return ids, logps
 
     def rollout(self, envs, tasks, tok, max_turns=6, temperature=1.0, generator=None):
@@ -339,7 +358,7 @@ class HFPolicy(nn.Module):
     def _episode(self, env, task, tok, max_turns, temperature, generator):
         """One chat episode: template and observation tokens flagged 0, sampled tokens 1
         with their log-probs -> ChatTrajectory."""
-        chat = _Transcript(tok, env.system, env.reset(task))
+        chat = ChatTranscript(tok, env.system, env.reset(task))
         if len(chat.ids) > self.max_len:
             raise ValueError(f'the prompt alone ({len(chat.ids)} tokens) exceeds '
                              f'max_len {self.max_len}; shorten the task or the system')
@@ -348,9 +367,9 @@ class HFPolicy(nn.Module):
             info = env.final_info(False) | {'context_full': True}
             return chat.trajectory(env.reward_fn(info), info)
         cache = _transformers().DynamicCache()
-        logits, result = self._feed(cache, chat.ids), None
+        logits, result = self.feed(cache, chat.ids), None
         for _ in range(max_turns):
-            sampled, logps = self._sample_turn(cache, logits, tok, temperature,
+            sampled, logps = self.sample_turn(cache, logits, tok, temperature,
                                                generator)
             observation, reward, done, info = env.step(chat.assistant(sampled, logps))
             if done:
@@ -362,12 +381,12 @@ class HFPolicy(nn.Module):
                 info = env.final_info(False) | {'context_full': True}
                 result = (env.reward_fn(info), info)
                 break
-            logits = self._feed(cache, sampled[-1:] + chat.extend(delta))
+            logits = self.feed(cache, sampled[-1:] + chat.extend(delta))
         # turns spent without an end: reward 0, as chapter 5's rollout_batch gives
         return chat.trajectory(*(result or (0.0, env.final_info(False))))
 
 
-class _Transcript:
+class ChatTranscript:
     """One chat episode as it grows: messages, the rendered text, ids [T], policy flags
     [T] and sampling log-probs [T] (0 off the policy's tokens)."""
 
@@ -508,6 +527,369 @@ def retokenization_report(traj, tok):
                 retokenized=tok.decode(again[position:position + 6]),
                 in_assistant_turn=bool(position < len(flags) and flags[position]),
                 n_sampled=len(ids), n_retokenized=len(again))
+
+
+REWARD_FIELD = 'gym_reward'        # the rollout's extra field that gym_reward reads
+
+
+def task_prompt(env, task):
+    """The chat messages an episode of task starts from -> [system, user] dicts."""
+    return [{'role': 'system', 'content': env.system},
+            {'role': 'user', 'content': env.reset(task)}]
+
+
+def episode_layout(traj):
+    """A ChatTrajectory (ids [T], action_mask and sample_logp [T-1]) -> dict of lists:
+    prompt_ids [P] (up to the first sampled id), completion_ids [T-P], env_mask (1 on
+    sampled ids) and logprobs [T-P] (0 off them)."""
+    flags = [0] + traj.action_mask.long().tolist()
+    if 1 not in flags:
+        raise ValueError('the episode has no sampled token; nothing to train on')
+    start, ids = flags.index(1), traj.ids.tolist()
+    logps = traj.sample_logp[start - 1:].tolist()
+    return dict(prompt_ids=ids[:start], completion_ids=ids[start:],
+                env_mask=flags[start:],
+                logprobs=[x if f else 0.0 for f, x in zip(flags[start:], logps)])
+
+
+class TRLRollout:
+    """GRPOTrainer's rollout_func: each prompt it gets (TRL repeats a prompt
+    num_generations times) played as one text-gym episode by HFPolicy, at the trainer's
+    temperature -> prompt_ids, completion_ids, logprobs, env_mask, gym_reward."""
+
+    def __init__(self, tok, tasks, max_turns=3, max_new_tokens=10, env_factory=None,
+                 seed=0):
+        if not isinstance(tok, ChatTokenizer):
+            raise ValueError(f'tok must be a ChatTokenizer, got {type(tok).__name__}')
+        self.tok, self.max_turns, self.max_new_tokens = tok, max_turns, max_new_tokens
+        self.env_factory = env_factory or TextBugFixEnv
+        self.tasks = {}
+        for task in tasks:
+            issue = task_prompt(self.env_factory(), task)[-1]['content']
+            if issue in self.tasks:
+                raise ValueError(f'two tasks share the issue {issue!r}; the rollout '
+                                 f'finds a prompt\'s task by its issue')
+            self.tasks[issue] = task
+        self.generator = torch.Generator().manual_seed(seed)
+        self.calls = []                  # per call: the episodes [ChatTrajectory]
+
+    def make_policy(self, model):
+        """The policy that plays the episodes: HFPolicy over the trainer's model."""
+        return HFPolicy(model, max_new_tokens=self.max_new_tokens)
+
+    def task_of(self, prompt):
+        """A prompt (task_prompt's messages) -> its task."""
+        issue = prompt[-1]['content'] if isinstance(prompt, list) else prompt
+        if issue not in self.tasks:
+            raise ValueError(f'prompt {issue!r} is none of the {len(self.tasks)} '
+                             f'tasks\' issues; build the dataset with '
+                             f'trl_dataset(tasks)')
+        return self.tasks[issue]
+
+    def __call__(self, prompts, trainer):
+        """prompts [B] and the trainer -> dict of [B] lists, as TRL asks."""
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        tasks = [self.task_of(p) for p in prompts]
+        was_training = model.training
+        model.eval()
+        try:
+            trajs = self.make_policy(model).rollout(
+                [self.env_factory() for _ in tasks], tasks, self.tok, self.max_turns,
+                trainer.temperature, self.generator)
+        finally:
+            model.train(was_training)
+        self.calls.append(trajs)
+        layouts = [episode_layout(t) for t in trajs]
+        out = {key: [layout[key] for layout in layouts] for key in layouts[0]}
+        out[REWARD_FIELD] = [float(t.reward) for t in trajs]
+        return out
+
+
+def gym_reward(prompts, completions, **fields):
+    """TRL reward function: the gym's reward of each episode, from the rollout's
+    gym_reward field -> [float] [B]."""
+    if REWARD_FIELD not in fields:
+        raise ValueError(f'no {REWARD_FIELD!r} field; pass TRLRollout as rollout_func '
+                         f'(fields given: {sorted(fields)})')
+    return [float(r) for r in fields[REWARD_FIELD]]
+
+
+def trl_dataset(tasks, env_factory=None):
+    """One row per task, its column 'prompt' the task's first messages -> Dataset."""
+    import datasets
+    env_factory = env_factory or TextBugFixEnv
+    return datasets.Dataset.from_list([{'prompt': task_prompt(env_factory(), task)}
+                                       for task in tasks])
+
+
+def trl_config(cfg, output_dir, max_steps, **overrides):
+    """GRPOConfig for an RLConfig (chapter 14's to_trl): bf16 off on a CPU, no saving,
+    no gradient checkpointing, a log every step; overrides win -> GRPOConfig."""
+    from trl import GRPOConfig
+    options = dict(arl.to_trl(cfg).options)
+    if options.get('use_cpu'):
+        options['bf16'] = False        # GRPOConfig's default is on, even with use_cpu
+    options.update(output_dir=str(output_dir), max_steps=max_steps, logging_steps=1,
+                   save_strategy='no', report_to='none', gradient_checkpointing=False,
+                   disable_tqdm=True, dataloader_num_workers=0)
+    return GRPOConfig(**(options | overrides))
+
+
+def trl_trainer(model, tok, tasks, cfg, output_dir, max_steps=2, rollout=None,
+                **overrides):
+    """A GRPOTrainer on the text gym: model (a causal LM or an HFPolicy), tok
+    (ChatTokenizer), tasks, cfg (RLConfig) -> GRPOTrainer with a TRLRollout and
+    gym_reward, its logs kept in trainer.state.log_history, not printed."""
+    from trl import GRPOTrainer
+    os.environ.setdefault('TRL_EXPERIMENTAL_SILENCE', '1')    # rollout_func is new
+    model = model.lm if isinstance(model, HFPolicy) else model
+    env_factory = functools.partial(make_text_env, cfg)
+    rollout = rollout or TRLRollout(tok, tasks, cfg.max_turns, env_factory=env_factory,
+                                    seed=cfg.seed)
+    trainer = GRPOTrainer(model=model, reward_funcs=gym_reward,
+                          args=trl_config(cfg, output_dir, max_steps, **overrides),
+                          train_dataset=trl_dataset(tasks, env_factory),
+                          processing_class=tok.hf, rollout_func=rollout)
+    trainer.remove_callback(_transformers().PrinterCallback)  # logs: state.log_history
+    return trainer
+
+
+def record_loss_inputs(trainer):
+    """Wrap trainer._compute_loss to keep, per call: the loss mask [B, C] (completion
+    mask x tool mask), prompt ids (unpadded), completion ids [B, C], advantages [B]
+    and TRL's own log-probs [B, C] -> that list."""
+    records, compute = [], trainer._compute_loss
+
+    def recording(model, inputs):
+        mask = inputs['completion_mask'] * inputs.get('tool_mask', 1)
+        ids = torch.cat([inputs['prompt_ids'], inputs['completion_ids']], 1)
+        attention = torch.cat([inputs['prompt_mask'], inputs['completion_mask']], 1)
+        with torch.no_grad():
+            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+                model, ids, attention, inputs['completion_ids'].size(1))
+        prompts = [row[m.bool()].tolist() for row, m in
+                   zip(inputs['prompt_ids'], inputs['prompt_mask'])]
+        records.append(dict(mask=mask.detach().clone(), prompt_ids=prompts,
+                            completion_ids=inputs['completion_ids'].clone(),
+                            logps=logps.detach().clone(),
+                            advantages=inputs['advantages'].detach().clone()))
+        return compute(model, inputs)
+
+    trainer._compute_loss = recording
+    return records
+
+
+def match_rows(record, trajs):
+    """The episode each row of a recorded batch came from, by its prompt and completion
+    ids -> [(row, index in trajs)]; raises if a row matches none, or two rows one."""
+    layouts, pairs = [episode_layout(t) for t in trajs], []
+    for row, ids in enumerate(record['completion_ids'].tolist()):
+        found = [i for i, layout in enumerate(layouts)
+                 if record['prompt_ids'][row] == layout['prompt_ids']
+                 and ids[:len(layout['completion_ids'])] == layout['completion_ids']
+                 and not record['mask'][row, len(layout['completion_ids']):].any()]
+        if not found:
+            raise ValueError(f'row {row} of the trainer\'s batch matches no episode')
+        pairs.append((row, found[0]))
+    if len({i for _, i in pairs}) != len(pairs):
+        raise ValueError(f'rows {pairs} match an episode twice')
+    return pairs
+
+
+VERL_AGENT_NAME = 'bugfix_text'
+
+
+def verl_task(extra_info):
+    """A verl dataset row's extra_info {'split', 'index'} -> (task, gym arguments)."""
+    missing = {'split', 'index'} - set(extra_info or {})
+    if missing:
+        raise ValueError(f'extra_info needs {sorted(missing)} (a make_tasks split and '
+                         f'an index into it); got {dict(extra_info or {})}')
+    return (arl.make_tasks(extra_info['split'])[int(extra_info['index'])],
+            dict(extra_info.get('gym', {})))
+
+
+def verl_rows(split, indices, n=1):
+    """verl dataset rows (raw_prompt, agent_name, extra_info, index), each task index
+    repeated n times (verl's rollout.n) -> [dict]."""
+    tasks, env = arl.make_tasks(split), TextBugFixEnv()
+    return [dict(raw_prompt=task_prompt(env, tasks[i]), agent_name=VERL_AGENT_NAME,
+                 extra_info={'split': split, 'index': i}, index=i)
+            for i in indices for _ in range(n)]
+
+
+async def verl_episode(server, tok, env, task, sampling_params, per_turn, budget):
+    """Play env on task through server.generate (verl's signature: ids in, ids out), at
+    most per_turn tokens a turn and budget after the prompt -> (ChatTranscript, prompt
+    length, reward, final info)."""
+    from uuid import uuid4
+    chat = ChatTranscript(tok, env.system, env.reset(task))
+    prompt_len, request = len(chat.ids), uuid4().hex
+    while True:
+        room = prompt_len + budget - len(chat.ids)
+        params = dict(sampling_params, max_tokens=min(per_turn, room), logprobs=True)
+        out = await server.generate(request_id=request, prompt_ids=list(chat.ids),
+                                    sampling_params=params)
+        logps = out.log_probs or [0.0] * len(out.token_ids)
+        observation, reward, done, info = env.step(
+            chat.assistant(list(out.token_ids), list(logps)))
+        if done:
+            return chat, prompt_len, reward, info
+        delta = chat.observation(observation)
+        if len(chat.ids) + len(delta) + 1 > prompt_len + budget:
+            info = env.final_info(False) | {'context_full': True}
+            return chat, prompt_len, env.reward_fn(info), info
+        chat.extend(delta)
+
+
+def _verl_agent_loop():
+    """verl's agent loop over the text gym, registered as VERL_AGENT_NAME -> the class
+    (agentrl.hf.BugFixTextAgentLoop, built on first use: verl is imported then)."""
+    from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopOutput,
+                                                         register)
+
+    class BugFixTextAgentLoop(AgentLoopBase):
+        """One TextBugFixEnv episode through server_manager.generate; response_mask is
+        1 on the model's tokens, 0 on observation and template tokens."""
+
+        max_new_tokens = 24          # a turn's token budget (extra_info may override)
+
+        async def run(self, sampling_params, **row):
+            """sampling_params and a dataset row -> AgentLoopOutput."""
+            task, gym = verl_task(row.get('extra_info'))
+            turns = self.rollout_config.multi_turn.max_assistant_turns or 6
+            env = make_text_env(arl.RLConfig(max_turns=turns, **gym))
+            per_turn = int(row['extra_info'].get('max_new_tokens', self.max_new_tokens))
+            budget = self.rollout_config.response_length
+            chat, prompt_len, reward, info = await verl_episode(
+                self.server_manager, ChatTokenizer(self.tokenizer), env, task,
+                sampling_params, per_turn, budget)
+            response = slice(prompt_len, prompt_len + budget)
+            return AgentLoopOutput(
+                prompt_ids=chat.ids[:prompt_len], response_ids=chat.ids[response],
+                response_mask=chat.flags[response],
+                response_logprobs=chat.logps[response], reward_score=float(reward),
+                num_turns=len(chat.messages), metrics={},
+                extra_fields={'gym_info': info, 'turn_scores': [], 'tool_rewards': []})
+
+    BugFixTextAgentLoop.__module__, BugFixTextAgentLoop.__qualname__ = (
+        __name__, 'BugFixTextAgentLoop')
+    register(VERL_AGENT_NAME)(BugFixTextAgentLoop)
+    return BugFixTextAgentLoop
+
+
+def __getattr__(name):
+    """Build the verl agent loop class on first use."""
+    if name == 'BugFixTextAgentLoop':
+        cls = globals()[name] = _verl_agent_loop()
+        return cls
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+
+def verl_config(model_dir, prompt_length=256, response_length=192, max_turns=3,
+                temperature=0.7):
+    """verl's own generated PPO config with the model, lengths, turns and temperature
+    set, and the agent loop as the default -> DictConfig."""
+    import verl
+    from omegaconf import OmegaConf
+    config = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), 'trainer',
+                                         'config', '_generated_ppo_trainer.yaml'))
+    rollout = config.actor_rollout_ref.rollout
+    config.actor_rollout_ref.model.path = str(model_dir)
+    rollout.name, rollout.temperature = 'vllm', temperature
+    rollout.calculate_log_probs = True
+    rollout.prompt_length, rollout.response_length = prompt_length, response_length
+    rollout.multi_turn.max_assistant_turns = max_turns
+    rollout.agent.default_agent_loop = VERL_AGENT_NAME
+    return config
+
+
+def openrlhf_executor(tok, max_turns=3, split='train', gym=None):
+    """OpenRLHF's AgentExecutor class: a MultiTurnAgentExecutor over a text-gym agent
+    whose dataset label is a task index in make_tasks(split); tok a ChatTokenizer, a
+    transformers tokenizer or a directory holding one -> the class."""
+    from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
+    if isinstance(tok, (str, os.PathLike)):
+        tok = _transformers().AutoTokenizer.from_pretrained(str(tok))
+    tok = tok if isinstance(tok, ChatTokenizer) else ChatTokenizer(tok)
+    tasks, gym = arl.make_tasks(split), dict(gym or {})
+
+    class BugFixTextAgent(AgentInstanceBase):
+        """One episode: reset renders the system prompt and the issue; step plays the
+        model's text and answers with the template's next turn."""
+
+        def __init__(self, *args, **kwargs):
+            self.env, self.text, self.messages = None, '', []
+
+        async def reset(self, states, **kwargs):
+            """{'label': a task index, ...} -> {'observation': the prompt text}."""
+            label = states.get('label')
+            if label is None or not str(label).isdigit() or int(label) >= len(tasks):
+                raise ValueError(f'label {label!r} is no task index; expected 0 to '
+                                 f'{len(tasks) - 1} (make_tasks({split!r}))')
+            self.env = make_text_env(arl.RLConfig(max_turns=max_turns, **gym))
+            self.messages = task_prompt(self.env, tasks[int(label)])
+            self.text = tok.render(self.messages, True)
+            return {'observation': self.text}
+
+        async def step(self, states, **kwargs):
+            """{'action_text', ...} -> rewards, scores, environment_feedback, done."""
+            content = states['action_text']
+            for stop in tok.stop_tokens:           # if the engine kept it in the text
+                content = content[:-len(stop)] if content.endswith(stop) else content
+            observation, reward, done, info = self.env.step(content)
+            feedback = '' if done else self._feedback(content, observation)
+            return {'rewards': torch.tensor(float(reward)),
+                    'scores': torch.tensor(float(reward)),
+                    'environment_feedback': feedback, 'done': done,
+                    'sampling_params': states.get('sampling_params'),
+                    'extra_logs': {'malformed': float(bool(self.env.malformed[-1]))}}
+
+        def _feedback(self, content, observation):
+            """The template's text after the content, up to the next generation
+            prompt, less the stop token the model wrote (the engine keeps its id, not
+            its text)."""
+            self.messages = self.messages + [
+                {'role': 'assistant', 'content': content},
+                {'role': tok.observation_role, 'content': observation}]
+            rendered, before = tok.render(self.messages, True), self.text + content
+            if not rendered.startswith(before):
+                raise ValueError('the chat template rewrites earlier turns; the '
+                                 'episode cannot be laid out turn by turn')
+            delta, self.text = rendered[len(before):], rendered
+            stop = tok.stop_tokens[0]
+            return delta[len(stop):] if delta.startswith(stop) else delta
+
+    class AgentExecutor(MultiTurnAgentExecutor):
+        """What --train.agent_func_path's module defines (OpenRLHF instantiates it with
+        no arguments)."""
+
+        def __init__(self):
+            super().__init__(BugFixTextAgent)
+
+    return AgentExecutor
+
+
+def write_openrlhf_agent_file(path, model_dir, max_turns=3, split='train'):
+    """Write the module --train.agent_func_path names, defining AgentExecutor over the
+    tokenizer saved in model_dir -> path."""
+    with open(path, 'w') as f:
+        f.write(f'"""OpenRLHF agent module for the text BugFix gym."""\n'
+                f'from agentrl import hf\n\n'
+                f'AgentExecutor = hf.openrlhf_executor({str(model_dir)!r}, '
+                f'max_turns={max_turns}, split={split!r})\n')
+    return str(path)
+
+
+def openrlhf_flags(cfg, model_dir, agent_file, data_file, gpus=1, max_len=512):
+    """Chapter 14's to_openrlhf flags plus the model, the agent module, the prompts
+    (keys 'prompt' and 'label'), GPUs per node (OpenRLHF's default of 8 fails its own
+    check when a step has fewer than 8 episodes) and the context -> [str]."""
+    return [*arl.to_openrlhf(cfg).options, '--actor.num_gpus_per_node', str(gpus),
+            '--data.max_len', str(max_len), '--actor.model_name_or_path',
+            str(model_dir), '--train.agent_func_path', str(agent_file),
+            '--data.prompt_dataset', str(data_file), '--data.input_key', 'prompt',
+            '--data.label_key', 'label']
 
 
 @dataclasses.dataclass(frozen=True)

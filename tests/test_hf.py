@@ -57,12 +57,12 @@ class Scripted(hb.HFPolicy):
         super().__init__(model, max_new_tokens=64)
         self.turns = [tok.encode(t) + [min(tok.stop_ids)] for t in turns]
 
-    def _sample_turn(self, cache, logits, tok, temperature, generator):
+    def sample_turn(self, cache, logits, tok, temperature, generator):
         ids, logps = self.turns.pop(0), []
         for k, token in enumerate(ids):
             logps.append(float(torch.log_softmax(logits / temperature, -1)[token]))
             if k < len(ids) - 1:
-                logits = self._feed(cache, [token])
+                logits = self.feed(cache, [token])
         return ids, logps
 
 
@@ -190,7 +190,7 @@ def test_bad_arguments_are_named(word_tok):
 def test_a_prompt_that_leaves_no_room_for_a_turn_ends_the_episode_context_full(word_tok):
     policy = tiny_policy(word_tok)
     env = hb.TextBugFixEnv()
-    prompt = len(hb._Transcript(word_tok, env.system, env.reset(TASKS[0])).ids)
+    prompt = len(hb.ChatTranscript(word_tok, env.system, env.reset(TASKS[0])).ids)
     cramped = hb.HFPolicy(policy.lm, max_new_tokens=10, max_len=prompt + 9)
     (t,) = cramped.rollout([hb.TextBugFixEnv()], TASKS[:1], word_tok)
     assert t.info['context_full'] and t.action_mask.sum() == 0 and len(t.ids) == prompt
@@ -233,7 +233,7 @@ def test_a_stop_token_the_template_does_not_write_stays_in_the_turn(word_tok):
     assert word_tok.closing_ids == {word_tok.hf.convert_tokens_to_ids('<|im_end|>')}
     tok = hb.ChatTokenizer(word_tok.hf, stop_tokens=['</call>', '<|im_end|>'])
     assert tok.closing_ids == word_tok.closing_ids
-    chat = hb._Transcript(tok, 'S', 'U')
+    chat = hb.ChatTranscript(tok, 'S', 'U')
     turn = tok.encode('<call>read</call>')
     assert turn[-1] in tok.stop_ids and turn[-1] not in tok.closing_ids
     content = chat.assistant(turn, [0.0] * len(turn))
@@ -241,7 +241,7 @@ def test_a_stop_token_the_template_does_not_write_stays_in_the_turn(word_tok):
     chat.extend(chat.observation('Source: x'))
     assert tok.encode(tok.render(chat.messages, True)) == chat.ids
     # the template's own closing token, when the model wrote it, is cut from the content
-    chat = hb._Transcript(tok, 'S', 'U')
+    chat = hb.ChatTranscript(tok, 'S', 'U')
     turn = tok.encode('<call>read</call> <|im_end|>')
     assert chat.assistant(turn, [0.0] * len(turn)).strip().endswith('</call>')
     chat.extend(chat.observation('Source: x'))
@@ -255,7 +255,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_where_it_differs(word
         pad_token='<pad>')
     hf.chat_template = trimming
     tok = hb.ChatTokenizer(hf)
-    chat = hb._Transcript(tok, 'S', 'U')
+    chat = hb.ChatTranscript(tok, 'S', 'U')
     turn = tok.encode('<call>read</call>') + [min(tok.stop_ids)]
     chat.assistant(turn, [0.0] * len(turn))
     chat.content = chat.messages[-1]['content'] = chat.content + '  '  # trailing blanks

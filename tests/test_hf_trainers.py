@@ -1,0 +1,368 @@
+"""Chapter 21's text gym through the trainers: TRL's GRPOTrainer (two real optimizer steps
+on CPU, agentrl.hf's TRLRollout and gym_reward), verl's agent loop and OpenRLHF's agent
+executor (driven by tests/trainer_drivers.py as far as each runs without a GPU)."""
+from __future__ import annotations
+
+import collections
+import importlib.util
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+pytest.importorskip('trl')
+# verl and OpenRLHF are installed without their GPU dependencies (tools/setup_env.sh), so
+# importing them here fails by design; the drivers run them in subprocesses
+if importlib.util.find_spec('verl') is None or importlib.util.find_spec('openrlhf') is None:
+    pytest.skip('verl and openrlhf are not installed', allow_module_level=True)
+
+import agentrl as arl                       # noqa: E402
+from agentrl import hf                      # noqa: E402
+from agentrl import hf as tr                # noqa: E402
+import trainer_drivers as drv               # noqa: E402
+
+TASKS = arl.make_tasks('train')
+# TRL 1.16 scores tokens with its fused LM head, whose log-softmax runs in float32 even
+# for a float64 model (trl/kernels/chunked_logprob.py): sampling and training log-probs
+# then differ by ~5e-7. With bf16 autocast (GRPOConfig's default on a CPU too) the head
+# runs in bf16: ~1e-3.
+TRL_LOGP_TOL = 1e-5
+
+
+@pytest.fixture(scope='module')
+def tok():
+    return hf.local_chat_tokenizer('word')
+
+
+@pytest.fixture(scope='module', autouse=True)
+def drivers(tok, tmp_path_factory):
+    """Start the verl and OpenRLHF drivers (subprocesses, placeholders for the missing
+    modules) at once, so they run while the TRL steps do; get(kind) -> its report."""
+    model_dir = drv.save_tiny_model(hf.tiny_chat_llama(tok), tok,
+                                   tmp_path_factory.mktemp('tiny'))
+    env = dict(os.environ, PYTHONWARNINGS='ignore', TOKENIZERS_PARALLELISM='false',
+               OMP_NUM_THREADS='1')            # three processes share two cores
+    procs = {kind: subprocess.Popen([sys.executable, str(HERE / 'trainer_drivers.py'), kind,
+                                     model_dir], cwd=HERE, env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for kind in ('verl', 'openrlhf')}
+    reports = {}
+
+    def get(kind):
+        if kind not in reports:
+            out, err = procs[kind].communicate(timeout=300)
+            lines = [line for line in out.splitlines() if line.startswith('REPORT ')]
+            assert procs[kind].returncode == 0 and lines, err[-3000:]
+            reports[kind] = json.loads(lines[-1][len('REPORT '):])
+        return reports[kind]
+    get.tok, get.model_dir = tok, model_dir
+    yield get
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+
+
+# ----------------------------------------------------------------------------------- TRL
+
+def logprob_drift(record, trajs):
+    """Largest |TRL's log-prob - the sampler's| over the sampled tokens of a recorded
+    batch -> float."""
+    worst = 0.0
+    for row, i in tr.match_rows(record, trajs):
+        layout = tr.episode_layout(trajs[i])
+        n, mask = len(layout['env_mask']), torch.tensor(layout['env_mask']).bool()
+        gap = record['logps'][row, :n].double() - torch.tensor(layout['logprobs'],
+                                                               dtype=torch.float64)
+        worst = max(worst, gap[mask].abs().max().item())
+    return worst
+
+
+class HalfScripted(hf.HFPolicy):
+    """HFPolicy that plays every other episode from a script (the right fix, then
+    submit), scored by the model as in test_hf's Scripted; the others are sampled."""
+
+    def __init__(self, model, tok, max_new_tokens=10):
+        super().__init__(model, max_new_tokens=max_new_tokens)
+        self.tok, self.script, self.count = tok, None, 0
+
+    def _episode(self, env, task, tok, max_turns, temperature, generator):
+        texts = [f'<call>edit {task.fix_op}</call>', '<call>submit</call>']
+        self.script = ([tok.encode(t) + [min(tok.stop_ids)] for t in texts]
+                       if self.count % 2 == 0 else None)
+        self.count += 1
+        return super()._episode(env, task, tok, max_turns, temperature, generator)
+
+    def sample_turn(self, cache, logits, tok, temperature, generator):
+        if not self.script:
+            return super().sample_turn(cache, logits, tok, temperature, generator)
+        ids, logps = self.script.pop(0), []
+        for k, token in enumerate(ids):
+            logps.append(float(torch.log_softmax(logits / temperature, -1)[token]))
+            if k < len(ids) - 1:
+                logits = self.feed(cache, [token])
+        return ids, logps
+
+
+class HalfScriptedRollout(tr.TRLRollout):
+    def make_policy(self, model):
+        return HalfScripted(model, self.tok, self.max_new_tokens)
+
+
+@pytest.fixture(scope='module')
+def trl_run(tok, tmp_path_factory):
+    """Two GRPOTrainer steps, 2 tasks x group 2 a step, on a float64 tiny Llama."""
+    from transformers import TrainerCallback
+    cfg = arl.RLConfig(group_size=2, prompts_per_step=2, max_turns=3, minibatches=1,
+                       entropy_coef=0.01, lr=1e-2, temperature=0.7)
+    policy = hf.tiny_chat_llama(tok, seed=1)
+    before = [p.detach().clone() for p in policy.lm.parameters()]
+    env_factory = functools.partial(hf.make_text_env, cfg)
+    rollout = HalfScriptedRollout(tok, TASKS[:2], cfg.max_turns, env_factory=env_factory)
+    trainer = tr.trl_trainer(policy, tok, TASKS[:2], cfg, tmp_path_factory.mktemp('trl'),
+                             max_steps=2, rollout=rollout)
+    records, logs, per_episode = tr.record_loss_inputs(trainer), [], []
+
+    class KeepLogs(TrainerCallback):
+        """The logged metrics and the per-episode rewards TRL keeps for its table."""
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and 'reward' in logs:
+                keep.append(dict(logs))
+                per_episode.append(list(trainer._logs['rewards']['gym_reward']))
+    keep = logs
+    trainer.add_callback(KeepLogs())
+    result = trainer.train()
+    return dict(trainer=trainer, rollout=rollout, records=records, before=before,
+                policy=policy, logs=logs, per_episode=per_episode, result=result)
+
+
+def test_trl_takes_two_optimizer_steps_and_moves_the_weights(trl_run):
+    assert trl_run['result'].global_step == 2
+    assert len(trl_run['rollout'].calls) == 2            # one generation per step
+    moved = max((a - b).abs().max().item() for a, b in
+                zip(trl_run['before'], trl_run['policy'].lm.parameters()))
+    assert moved > 1e-4
+    assert next(trl_run['policy'].lm.parameters()).dtype == torch.float64
+
+
+def test_trl_hands_the_rollout_each_prompt_once_per_generation(trl_run):
+    # 2 prompts x num_generations 2: the rollout sees 4 prompts, each task twice
+    for trajs in trl_run['rollout'].calls:
+        counts = collections.Counter(t.messages[1]['content'] for t in trajs)
+        assert sorted(counts.values()) == [2, 2]
+
+
+def test_trl_loss_mask_is_the_env_mask(trl_run):
+    for record, trajs in zip(trl_run['records'], trl_run['rollout'].calls):
+        for row, i in tr.match_rows(record, trajs):
+            env_mask = tr.episode_layout(trajs[i])['env_mask']
+            assert record['mask'][row, :len(env_mask)].tolist() == env_mask
+            assert not record['mask'][row, len(env_mask):].any()
+            # observation tokens sit inside the completion, after the first sampled turn
+            assert env_mask[0] == 1 and 0 in env_mask
+
+
+def test_trl_logged_rewards_are_the_gyms(trl_run):
+    calls = trl_run['rollout'].calls
+    gym = [t.reward for trajs in calls for t in trajs]
+    assert sorted(set(gym)) == [0.0, 1.0]     # the scripted fixes pass, the rest fail
+    assert len(trl_run['logs']) == len(trl_run['per_episode']) == 2
+    for log, logged, trajs in zip(trl_run['logs'], trl_run['per_episode'], calls):
+        assert logged == [t.reward for t in trajs]     # the rollout's order
+        mean = sum(t.reward for t in trajs) / len(trajs)
+        assert log['reward'] == pytest.approx(mean, abs=1e-12)
+        assert log['rewards/gym_reward/mean'] == pytest.approx(mean, abs=1e-12)
+
+
+def test_trl_advantages_follow_the_gyms_rewards(trl_run):
+    for record, trajs in zip(trl_run['records'], trl_run['rollout'].calls):
+        for row, i in tr.match_rows(record, trajs):
+            assert (record['advantages'][row].item() > 0) == (trajs[i].reward == 1.0)
+
+
+def test_trl_log_probs_match_the_sampling_log_probs(trl_run):
+    for record, trajs in zip(trl_run['records'], trl_run['rollout'].calls):
+        assert logprob_drift(record, trajs) < TRL_LOGP_TOL
+
+
+def test_trl_config_turns_bf16_off_on_cpu(tmp_path):
+    cfg = arl.RLConfig(group_size=2, prompts_per_step=2, minibatches=1)
+    args = tr.trl_config(cfg, tmp_path, 1)
+    assert args.use_cpu and not args.bf16
+    from trl import GRPOConfig
+    assert GRPOConfig(output_dir=str(tmp_path), use_cpu=True).bf16   # TRL's default
+
+
+def test_trl_rollout_and_reward_name_bad_values(tok):
+    with pytest.raises(ValueError, match='ChatTokenizer'):
+        tr.TRLRollout(tok.hf, TASKS[:2])
+    rollout = tr.TRLRollout(tok, TASKS[:2])
+    with pytest.raises(ValueError, match='none of the 2 tasks'):
+        rollout.task_of([{'role': 'user', 'content': 'fix it'}])
+    with pytest.raises(ValueError, match="no 'gym_reward' field"):
+        tr.gym_reward(['p'], ['c'], other=[1.0])
+    assert tr.gym_reward(['p', 'q'], ['c', 'd'], gym_reward=[1, 0.0]) == [1.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------- verl
+
+def gym_replay(task, turn_ids, tok, max_turns=3):
+    """The gym's reward and final info for the turns sampled (ids, stop id dropped)."""
+    env = hf.make_text_env(arl.RLConfig(max_turns=max_turns))
+    env.reset(task)
+    for ids in turn_ids:
+        text = tok.decode(ids[:-1] if ids[-1] in tok.stop_ids else ids)
+        _, reward, done, info = env.step(text)
+        if done:
+            return reward, info
+    raise AssertionError('the replayed episode did not end')
+
+
+def runs(flags):
+    """Maximal runs of 1 in a 0/1 list -> [(start, end)]."""
+    out, start = [], None
+    for i, f in enumerate(list(flags) + [0]):
+        if f and start is None:
+            start = i
+        if not f and start is not None:
+            out.append((start, i))
+            start = None
+    return out
+
+
+def test_verl_worker_runs_the_agent_loop_and_stops_at_tensordict(drivers):
+    report = drivers('verl')
+    assert report['placeholders'] == list(drv.VERL_MISSING)
+    assert len(report['episodes']) == 4                  # 2 tasks x rollout.n 2
+    # generate_sequences ran every agent loop, then needs the real TensorDict
+    assert report['stopped_at'].startswith(
+        'verl/experimental/agent_loop/agent_loop.py:') and '_postprocess' in \
+        report['stopped_at']
+
+
+def test_verl_response_mask_is_1_on_exactly_the_models_tokens(drivers):
+    tok = drivers.tok
+    header = tok.encode('<|im_start|>assistant\n')
+    for ep in drivers('verl')['episodes']:
+        mask, response = ep['response_mask'], ep['response']
+        spans = runs(mask)
+        assert len(spans) == len(ep['turns'])
+        for (start, end), sampled in zip(spans, ep['turns']):
+            assert response[start:end] == sampled           # the server's ids, kept
+            if start:                      # an observation, then the assistant header
+                assert response[start - len(header):start] == header
+        assert all(a for a, m in zip(ep['attention'], mask) if m)   # no pad in the mask
+        n = sum(ep['attention'])
+        assert not any(mask[n:]) and all(p == 0 for p in ep['logprobs'][n:])
+        assert all(lp < 0 for lp, m in zip(ep['logprobs'], mask) if m)
+        assert all(lp == 0 for lp, m in zip(ep['logprobs'], mask) if not m)
+
+
+def test_verl_reward_is_the_gyms(drivers):
+    episodes = drivers('verl')['episodes']
+    assert [ep['reward'] for ep in episodes] == [1.0, 0.0, 0.0, 0.0]   # 1st is scripted
+    for ep in episodes:
+        reward, info = gym_replay(TASKS[ep['index']], ep['turns'], drivers.tok)
+        assert ep['reward'] == reward
+        assert ep['gym_info']['actions'] == info['actions']
+
+
+def test_verl_layout_is_chapter_21s(drivers):
+    """prompt + response ids and the mask are HFPolicy's layout of the same turns."""
+    tok = drivers.tok
+    for ep in drivers('verl')['episodes']:
+        env = hf.make_text_env(arl.RLConfig(max_turns=3))
+        chat = hf.ChatTranscript(tok, env.system, env.reset(TASKS[ep['index']]))
+        assert chat.ids == ep['prompt']
+        for ids in ep['turns']:
+            observation, _, done, _ = env.step(chat.assistant(ids, [0.0] * len(ids)))
+            if not done:
+                chat.extend(chat.observation(observation))
+        n = len(chat.ids) - len(ep['prompt'])
+        assert ep['response'][:n] == chat.ids[len(ep['prompt']):]
+        assert ep['response_mask'][:n] == chat.flags[len(ep['prompt']):]
+
+
+# ------------------------------------------------------------------------------ OpenRLHF
+
+def test_openrlhf_cli_parses_the_flags_up_to_ray_init(drivers):
+    report = drivers('openrlhf')
+    assert report['placeholders'] == list(drv.OPENRLHF_MISSING)
+    args = report['args']
+    assert args['train.agent_func_path'].endswith('agent.py')
+    assert args['reward.remote_url'] == ['agent']          # set by the CLI for an agent
+    assert (args['rollout.n_samples_per_prompt'], args['rollout.batch_size'],
+            args['train.batch_size']) == (2, 2, 4)
+    assert args['algo.advantage.estimator'] == 'group_norm'
+    assert args['actor.entropy_coef'] == 0.01 and args['data.label_key'] == 'label'
+
+
+def test_openrlhf_action_mask_is_1_on_exactly_the_models_tokens(drivers):
+    for ep in drivers('openrlhf')['episodes']:
+        flags = [0] + ep['action_mask']              # OpenRLHF's mask drops position 0
+        spans = runs(flags)
+        assert spans == [tuple(r) for r in ep['action_ranges']]
+        for (start, end), sampled in zip(spans, ep['turns']):
+            assert ep['ids'][start:end] == sampled
+            logps = ep['rollout_log_probs'][start:end]
+            assert all(lp < 0 for lp in logps)
+        assert all(lp == 0 for lp, f in zip(ep['rollout_log_probs'], flags) if not f)
+
+
+def test_openrlhf_scripted_episode_is_laid_out_as_chapter_21(drivers):
+    tok = drivers.tok
+    ep = drivers('openrlhf')['episodes'][0]            # read, the fix, submit
+    env = hf.make_text_env(arl.RLConfig(max_turns=3))
+    chat = hf.ChatTranscript(tok, env.system, env.reset(TASKS[0]))
+    for ids in ep['turns']:
+        observation, _, done, _ = env.step(chat.assistant(ids, [0.0] * len(ids)))
+        if not done:
+            chat.extend(chat.observation(observation))
+    assert ep['ids'] == chat.ids
+    assert ep['action_mask'] == chat.flags[1:]
+
+
+def test_openrlhf_rewards_are_the_gyms(drivers):
+    episodes = drivers('openrlhf')['episodes']
+    assert [ep['reward'] for ep in episodes] == [1.0, 0.0]
+    for ep in episodes:
+        reward, _ = gym_replay(TASKS[int(ep['label'])], ep['turns'], drivers.tok)
+        assert ep['reward'] == reward
+
+
+def test_bad_rows_and_episodes_are_named():
+    with pytest.raises(ValueError, match=r"extra_info needs \['index'\]"):
+        tr.verl_task({'split': 'train'})
+    task, gym = tr.verl_task({'split': 'train', 'index': 3, 'gym': {'max_edits': 2}})
+    assert task == TASKS[3] and gym == {'max_edits': 2}
+    rows = tr.verl_rows('train', [0, 1], n=2)
+    assert [r['index'] for r in rows] == [0, 0, 1, 1]
+    assert {r['agent_name'] for r in rows} == {tr.VERL_AGENT_NAME}
+    empty = arl.Trajectory(torch.tensor([1, 2, 3]), torch.zeros(2, dtype=arl.DTYPE), 0.0,
+                           {}, torch.zeros(2, dtype=arl.DTYPE))
+    with pytest.raises(ValueError, match='no sampled token'):
+        tr.episode_layout(empty)
+    layout = tr.episode_layout(arl.Trajectory(
+        torch.tensor([5, 6, 7, 8]), torch.tensor([0.0, 1.0, 0.0], dtype=arl.DTYPE), 1.0,
+        {}, torch.tensor([0.0, -0.5, 0.0], dtype=arl.DTYPE)))
+    assert layout == dict(prompt_ids=[5, 6], completion_ids=[7, 8], env_mask=[1, 0],
+                          logprobs=[-0.5, 0.0])
+
+
+def test_openrlhf_flags_and_agent_file(tmp_path):
+    cfg = arl.RLConfig(group_size=2, prompts_per_step=2, minibatches=1)
+    flags = tr.openrlhf_flags(cfg, 'M', 'A.py', 'D.jsonl')
+    for flag, value in [('--actor.num_gpus_per_node', '1'), ('--train.agent_func_path',
+                        'A.py'), ('--actor.model_name_or_path', 'M'),
+                        ('--data.label_key', 'label')]:
+        assert flags[flags.index(flag) + 1] == value, flag
+    path = tr.write_openrlhf_agent_file(tmp_path / 'agent.py', tmp_path / 'model')
+    text = open(path).read()
+    assert 'from agentrl import hf' in text and 'AgentExecutor = hf.openrlhf_executor(' in text
+    compile(text, path, 'exec')
