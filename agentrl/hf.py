@@ -623,12 +623,10 @@ def trl_dataset(tasks, env_factory=None):
 
 
 def trl_config(cfg, output_dir, max_steps, **overrides):
-    """GRPOConfig for an RLConfig (chapter 14's to_trl): bf16 off on a CPU, no saving,
+    """GRPOConfig for an RLConfig (chapter 14's to_trl: bf16 off on a CPU), no saving,
     no gradient checkpointing, a log every step; overrides win -> GRPOConfig."""
     from trl import GRPOConfig
     options = dict(arl.to_trl(cfg).options)
-    if options.get('use_cpu'):
-        options['bf16'] = False        # GRPOConfig's default is on, even with use_cpu
     options.update(output_dir=str(output_dir), max_steps=max_steps, logging_steps=1,
                    save_strategy='no', report_to='none', gradient_checkpointing=False,
                    disable_tqdm=True, dataloader_num_workers=0)

@@ -85,7 +85,8 @@ def to_trl(cfg, processes=1, use_cpu=None):
                   learning_rate=cfg.lr, lr_scheduler_type='constant',
                   max_grad_norm=cfg.max_grad_norm, seed=cfg.seed, beta=0.0)
     if not torch.cuda.is_available() if use_cpu is None else use_cpu:
-        kwargs['use_cpu'] = True       # else GRPOConfig's bf16 default raises on a CPU
+        # else bf16 (GRPOConfig's default) raises on a CPU, or autocasts with use_cpu
+        kwargs.update(use_cpu=True, bf16=False)
     dropped = _dropped_everywhere(cfg, 'TRL', 'reward functions, or the experimental '
                                   'environment_factory or rollout_func',
                                   'trl.rewards.get_soft_overlong_punishment',

@@ -20,6 +20,7 @@ agentrl:
 
 The clip is 0.2 and the run passed {glue:text}`pass_rate` (see {numref}`Section %s <sec-x>`).
 We used torch 2.13.0, see [the docs](https://example.org/v1.5/page).
+Check it with `python -m agentrl.exercises check 9.3 FILE`.
 
 ```{code-cell} ipython3
 x = 0.75

@@ -250,5 +250,12 @@ def test_to_trl_keeps_the_learning_rate_constant():
 def test_to_trl_adds_use_cpu_without_a_gpu_so_grpo_config_builds():
     kwargs, _, _ = arl.to_trl(arl.RLConfig(), use_cpu=None)
     assert kwargs.get('use_cpu') is (not torch.cuda.is_available())
-    trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)      # raises on a CPU without it
-    assert 'use_cpu' not in arl.to_trl(arl.RLConfig(), use_cpu=False).options
+    args = trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **kwargs)  # raises without it
+    assert args.bf16 is torch.cuda.is_available()     # no bf16 autocast on a CPU
+    cpu = arl.to_trl(arl.RLConfig(), use_cpu=True).options
+    assert cpu['use_cpu'] is True and cpu['bf16'] is False
+    assert not trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', **cpu).bf16
+    # with use_cpu alone, TRL keeps its bf16 default on
+    assert trl.GRPOConfig(output_dir='/tmp/agentrl-trl-test', use_cpu=True).bf16
+    gpu = arl.to_trl(arl.RLConfig(), use_cpu=False).options
+    assert 'use_cpu' not in gpu and 'bf16' not in gpu

@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 CHAPTER_RE = re.compile(r"^\d\d-[a-z0-9-]+\.md$")
 FENCE_RE = re.compile(r"^(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 ROLE_RE = re.compile(r"\{[a-z:]+\}`[^`]*`")                 # {glue:text}`x`, {numref}`...`
-SKIP_RE = re.compile(r"https?://\S+|\([a-z0-9-]+\)=|\]\([^)]*\)")   # links, labels, targets
+SKIP_RE = re.compile(r"https?://\S+|\([a-z0-9-]+\)=|\]\([^)]*\)"   # links, labels, targets
+                     r"|agentrl\.exercises check \d+\.\d+")   # an exercise's check command
 NUMBER_RE = re.compile(r"(?<![\w.])\d*\.?\d+(?:\.\d+)*")
 
 
