@@ -43,6 +43,22 @@ def test_the_worked_derivations_check_out_numerically(name):
     exercises.derive_checks()[name]()
 
 
+def test_the_solutions_page_shows_every_check_and_nothing_else():
+    """book/solutions/implementations.md includes each solution from its module."""
+    import re
+    from pathlib import Path
+    page = (Path(__file__).resolve().parents[1] / 'book' / 'solutions'
+            / 'implementations.md').read_text()
+    shown = re.findall(r'^\(sol-(\d+)-(\d+)\)=$', page, re.M)
+    assert ['.'.join(pair) for pair in shown] == list(CHECKS)
+    for number, check in CHECKS.items():
+        module = check.solution.__module__.rsplit('.', 1)[-1]
+        include = (f'../../agentrl/exercises/{module}.py\n:language: python\n'
+                   f':pyobject: {check.solution.__name__}\n')
+        assert include in page, f'{number}: the page does not include {include!r}'
+        assert f'check {number} FILE' in page
+
+
 def _toy_check():
     def solution(x):
         return 2 * x

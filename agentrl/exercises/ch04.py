@@ -85,7 +85,8 @@ _TASKS = {t.name: t for t in ALL}
 
 
 def solution_4_5(info):
-    """1 for a submitted hidden pass, minus 0.1 for every applied edit that changed nothing."""
+    """1 for a submitted hidden pass, minus 0.1 for every applied edit that changed
+    nothing."""
     task = _TASKS[info['task']]
     source, wasted = task.source, 0
     for op in info['ops']:

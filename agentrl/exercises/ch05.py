@@ -24,7 +24,8 @@ def solution_5_3(model, envs, tasks, tok, max_turns=6, temperature=1.0, generato
     """rollout_batch without a key-value cache: every new token is sampled from a full
     forward pass over the right-padded prefixes of the rows still writing."""
     B = len(envs)
-    tokens = [tok.encode(env.reset(task)) + [tok.turn_id] for env, task in zip(envs, tasks)]
+    tokens = [tok.encode(env.reset(task)) + [tok.turn_id]
+              for env, task in zip(envs, tasks)]
     policy = [[0] * len(t) for t in tokens]
     logps = [[0.0] * len(t) for t in tokens]
     results = [None] * B

@@ -194,14 +194,16 @@ class solution_10_7(arl.Objective):
         loss, stats = super().loss(logp, batch, rows, advantages, cfg)
         mask = batch['action_mask'][rows].bool()
         ratio = (logp.detach() - batch['sample_logp'][rows]).exp()
-        adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(ratio)
+        adv = (advantages if advantages.dim() == 2
+               else advantages[:, None].expand_as(ratio))
         positive = mask & (adv > 0)
         ratio_max = ratio[mask].max().item() if mask.any() else 1.0
         above = ((ratio[positive] > self.threshold).double().mean().item()
                  if positive.any() else 0.0)
         reach = ((ratio[positive] > 1 + cfg.clip_high).double().mean().item()
                  if positive.any() else 0.0)
-        self.log.append(dict(ratio_max=ratio_max, pos_above=above, pos_above_clip=reach))
+        self.log.append(dict(ratio_max=ratio_max, pos_above=above,
+                             pos_above_clip=reach))
         stats['pos_above'] = above
         return loss, stats
 
@@ -279,8 +281,9 @@ def check_10_7(cls):
 # ----------------------------------------------------------------------------- 10.8 (implement)
 
 def solution_10_8(cfg, target, step=0.002):
-    """A train_rl callback holding the entropy near target: it raises cfg.entropy_coef by
-    step when the step's entropy is below target, lowers it (not below 0) when above."""
+    """A train_rl callback holding the entropy near target: it raises
+    cfg.entropy_coef by step when the step's entropy is below target, lowers it (not
+    below 0) when above."""
     def callback(record):
         if record['entropy'] < target:
             cfg.entropy_coef += step

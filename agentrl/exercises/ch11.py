@@ -11,15 +11,16 @@ D = torch.float64
 # ----------------------------------------------------------------------------- 11.1 (implement)
 
 def solution_11_1(passes, false_pos, false_neg, group_size=8, adv_mode='grpo'):
-    """E[A~ . A] / (A . A) for a group with `passes` true passes when a failing episode is
-    reported as a pass with probability false_pos and a passing one as a failure with
-    probability false_neg: exact over all 2^K flip patterns."""
+    """E[A~ . A] / (A . A) for a group with `passes` true passes when a failing
+    episode is reported as a pass with probability false_pos and a passing one as a
+    failure with probability false_neg: exact over all 2^K flip patterns."""
     if not 0 < passes < group_size:
         raise ValueError(f'passes must be in 1..{group_size - 1}, got {passes!r}')
     if not (0 <= false_pos <= 1 and 0 <= false_neg <= 1) or group_size > 16:
         raise ValueError('need rates in [0, 1] and group_size <= 16')
     cfg = arl.RLConfig(group_size=group_size, adv_mode=adv_mode)
-    flips = torch.tensor(list(itertools.product((0.0, 1.0), repeat=group_size)), dtype=D)
+    flips = torch.tensor(list(itertools.product((0.0, 1.0), repeat=group_size)),
+                         dtype=D)
     true = (torch.arange(group_size) < passes).to(D)                       # [K]
     rate = torch.where(true == 1, torch.tensor(float(false_neg), dtype=D),
                        torch.tensor(float(false_pos), dtype=D))           # per episode

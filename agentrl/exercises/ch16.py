@@ -35,8 +35,8 @@ class solution_16_4(arl.Objective):
 
     def loss(self, logp, batch, rows, advantages, cfg):
         """Mean exact KL(student || teacher) over the rows' policy positions."""
-        mine = torch.log_softmax(self.model(batch['ids'][rows])[:, :-1] / cfg.temperature,
-                                 -1)
+        logits = self.model(batch['ids'][rows])[:, :-1]
+        mine = torch.log_softmax(logits / cfg.temperature, -1)
         kl = (mine.exp() * (mine - batch['teacher_dist'][rows])).sum(-1)
         loss = arl.masked_mean(kl, batch['action_mask'][rows])
         return loss, dict(teacher_kl=loss.item())
@@ -57,8 +57,8 @@ class wrong_16_4_forward(solution_16_4):
     """The forward KL, sum_v pi_T (log pi_T - log pi_theta)."""
 
     def loss(self, logp, batch, rows, advantages, cfg):
-        mine = torch.log_softmax(self.model(batch['ids'][rows])[:, :-1] / cfg.temperature,
-                                 -1)
+        logits = self.model(batch['ids'][rows])[:, :-1]
+        mine = torch.log_softmax(logits / cfg.temperature, -1)
         theirs = batch['teacher_dist'][rows]
         kl = (theirs.exp() * (theirs - mine)).sum(-1)
         loss = arl.masked_mean(kl, batch['action_mask'][rows])
@@ -70,8 +70,8 @@ class wrong_16_4_detached_weights(solution_16_4):
     the right value, but the gradient sum_v pi(v) grad log pi(v) is exactly zero."""
 
     def loss(self, logp, batch, rows, advantages, cfg):
-        mine = torch.log_softmax(self.model(batch['ids'][rows])[:, :-1] / cfg.temperature,
-                                 -1)
+        logits = self.model(batch['ids'][rows])[:, :-1]
+        mine = torch.log_softmax(logits / cfg.temperature, -1)
         kl = (mine.exp().detach() * (mine - batch['teacher_dist'][rows])).sum(-1)
         loss = arl.masked_mean(kl, batch['action_mask'][rows])
         return loss, dict(teacher_kl=loss.item())

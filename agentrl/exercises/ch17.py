@@ -109,9 +109,9 @@ def derive_check_17_3():
 # ----------------------------------------------------------------------------- 17.5 (implement)
 
 def solution_17_5(a, b, k):
-    """Share of k-seed studies, the k seeds drawn with replacement from the m pairs, whose
-    paired mean difference has the other sign than all m seeds' (ties count half); exact,
-    by the distribution of a sum of k draws."""
+    """Share of k-seed studies, the k seeds drawn with replacement from the m pairs,
+    whose paired mean difference has the other sign than all m seeds' (ties count
+    half); exact, by the distribution of a sum of k draws."""
     d = [float(y) - float(x) for x, y in zip(a, b)]
     total = sum(d)
     if total == 0:
@@ -188,10 +188,12 @@ def solution_17_6(scores, gold, n):
     big_n, value, below_prev = len(scores), 0.0, 0.0
     for level in sorted(set(scores)):
         at_or_below = sum(s <= level for s in scores)
-        cdf = math.comb(at_or_below, n) / math.comb(big_n, n)   # P(the draw's best <= level)
+        # P(the draw's best <= level)
+        cdf = math.comb(at_or_below, n) / math.comb(big_n, n)
         share = (sum(g for s, g in zip(scores, gold) if s == level)
                  / sum(s == level for s in scores))
-        # given the draw's best is `level`, a uniform pick among its episodes at that level
+        # given the draw's best is `level`, a uniform pick among its episodes at
+        # that level
         # is, by symmetry, a uniform pick among all the task's episodes at that level
         value += (cdf - below_prev) * share
         below_prev = cdf

@@ -21,8 +21,9 @@ def solution_19_3(logp, sample_logp, mask, bound=GAP_BOUND):
     logp [B, T-1] the trained policy's log-probs, sample_logp [B, T-1] the stored
     pi_old log-probs (0 where the sampler wrote nothing), mask [B, T-1] the loss's mask
     -> 'none', 'shifted mask' or 'stale pi_old'.
-    A shifted mask opens the gap only at the last scored position of each call (the token
-    after the call's end, stored as 0); a stale pi_old opens it inside the calls."""
+    A shifted mask opens the gap only at the last scored position of each call (the
+    token after the call's end, stored as 0); a stale pi_old opens it inside the
+    calls."""
     on = mask > 0
     gap = (logp - sample_logp).abs() > bound
     gapped = gap & on

@@ -156,7 +156,8 @@ def solution_20_4(logp, old_logp, advantages, mask, clip=0.4):
     mean_log = arl.masked_mean(pessimistic, mask, dim=-1)
     loss = -(advantages.detach() * mean_log.exp()).mean()
     with torch.no_grad():
-        frac = arl.masked_mean(((pessimistic - log_ratio).abs() > 0).to(logp.dtype), mask)
+        moved = ((pessimistic - log_ratio).abs() > 0).to(logp.dtype)
+        frac = arl.masked_mean(moved, mask)
     return loss, dict(clip_frac=frac.item())
 
 
