@@ -49,7 +49,7 @@ def test_the_solutions_page_shows_every_check_and_nothing_else():
     from pathlib import Path
     page = (Path(__file__).resolve().parents[1] / 'book' / 'solutions'
             / 'implementations.md').read_text()
-    shown = re.findall(r'^\(sol-(\d+)-(\d+)\)=$', page, re.M)
+    shown = re.findall(r'^\(impl-(\d+)-(\d+)\)=$', page, re.M)
     assert ['.'.join(pair) for pair in shown] == list(CHECKS)
     for number, check in CHECKS.items():
         module = check.solution.__module__.rsplit('.', 1)[-1]

@@ -60,7 +60,7 @@ class BatchStdAdvantages(arl.Objective):
 
     def advantages(self, batch, episodes, cfg):
         """One advantage per episode [B]."""
-        rewards = arl.adjusted_rewards(batch, cfg)        # overlong and KL-in-reward too
+        rewards = arl.adjusted_rewards(batch, cfg)    # overlong and KL-in-reward too
         groups = rewards.view(-1, cfg.group_size)
         centred = groups - groups.mean(-1, keepdim=True)
         return (centred / (rewards.std(correction=0) + self.eps)).reshape(-1)
