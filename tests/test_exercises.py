@@ -59,6 +59,15 @@ def test_the_solutions_page_shows_every_check_and_nothing_else():
         assert f'check {number} FILE' in page
 
 
+def test_every_derive_check_a_solutions_page_names_exists():
+    import re
+    from pathlib import Path
+    pages = (Path(__file__).resolve().parents[1] / 'book' / 'solutions').glob('*.md')
+    named = {n for page in pages for n in re.findall(r'derive_check_\d+_\d+',
+                                                     page.read_text())}
+    assert named <= set(exercises.derive_checks()), named - set(exercises.derive_checks())
+
+
 def _toy_check():
     def solution(x):
         return 2 * x

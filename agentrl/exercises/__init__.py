@@ -79,11 +79,16 @@ def _chapter_modules():
 
 
 def derive_checks():
-    """The numerical checks of the worked derivations (each chapter module's
-    DERIVE_CHECKS: functions of no argument that raise AssertionError if the answer's
-    result is wrong) -> {'derive_check_N_M': function}, in book order."""
-    return {fn.__name__: fn for module in _chapter_modules()
-            for fn in getattr(module, 'DERIVE_CHECKS', [])}
+    """The numerical checks of the worked derivations: each chapter module's functions
+    named derive_check_N_M, of no argument, raising AssertionError if the answer's
+    result is wrong -> {'derive_check_N_M': function}, in book order."""
+    found = {}
+    for module in _chapter_modules():
+        names = [n for n, fn in vars(module).items()
+                 if n.startswith('derive_check_') and inspect.isfunction(fn)]
+        for name in sorted(names, key=lambda n: _sort_key(n[13:].replace('_', '.'))):
+            found[name] = getattr(module, name)
+    return found
 
 
 def get_check(number):

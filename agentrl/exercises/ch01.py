@@ -71,5 +71,3 @@ CHECKS = [dict(number='1.4', name='nonassociative_float32', solution=solution_1_
                wrong=[wrong_1_4_chapters_example, wrong_1_4_too_small,
                       wrong_1_4_differs_in_both],
                summary='three numbers whose sum depends on the order in float32, not float64')]
-
-DERIVE_CHECKS = [derive_check_1_2]

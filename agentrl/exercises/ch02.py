@@ -229,6 +229,3 @@ CHECKS = [dict(number='2.6', name='expected_baseline_gradient', solution=solutio
                wrong=[wrong_2_6_scalar_baseline, wrong_2_6_no_pi_weight,
                       wrong_2_6_pi_minus_onehot],
                summary='exact mean of the bandit gradient with a per-arm baseline (its bias)')]
-
-DERIVE_CHECKS = [derive_check_2_1, derive_check_2_3, derive_check_2_4, derive_check_2_6,
-                 derive_check_2_7]

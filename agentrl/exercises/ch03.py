@@ -178,5 +178,3 @@ CHECKS = [dict(number='3.5', name='action_mask', solution=solution_3_5, check=ch
                wrong=[wrong_3_5_chapters_mask, wrong_3_5_first_word_only,
                       wrong_3_5_counts_agent_prefix],
                summary="chapter 3's action mask without the '|' that ends each call")]
-
-DERIVE_CHECKS = [derive_check_3_1, derive_check_3_2, derive_check_3_3]

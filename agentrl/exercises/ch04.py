@@ -296,5 +296,3 @@ CHECKS = [
          wrong=[wrong_4_6_undetectable, wrong_4_6_reused_names, wrong_4_6_a_range_bug],
          summary='a sixth bug family and its op; every op still fixes exactly its family'),
 ]
-
-DERIVE_CHECKS = [derive_check_4_3, derive_check_4_4]

@@ -159,5 +159,3 @@ def _check_5_3(fn):
 CHECKS = [dict(number='5.3', name='rollout_batch_uncached', solution=solution_5_3,
                check=check_5_3, wrong=[wrong_5_3_last_padded_position, wrong_5_3_no_temperature],
                summary='rollout_batch recomputing the padded prefixes at every token; same tokens')]
-
-DERIVE_CHECKS = [derive_check_5_1]

@@ -367,10 +367,6 @@ def derive_check_10_10():
         assert (adv['mean'][flat] + beta * (S[flat] - S[flat].mean(-1, keepdim=True))
                 ).abs().max() < 1e-12
 
-
-DERIVE_CHECKS = [derive_check_10_1, derive_check_10_2, derive_check_10_4,
-                 derive_check_10_5, derive_check_10_10]
-
 CHECKS = [
     dict(number='10.3', name='k3_plus', solution=solution_10_3, check=check_10_3,
          wrong=[wrong_10_3_swapped, wrong_10_3_no_detach, wrong_10_3_k1_gradient],

@@ -220,9 +220,6 @@ def derive_check_11_6():
     assert arl.flip_advantage_ratio(2, 0.3, 16, 'grpo') < arl.flip_advantage_ratio(1, 0.3, 8,
                                                                                    'grpo')
 
-
-DERIVE_CHECKS = [derive_check_11_1, derive_check_11_2, derive_check_11_5, derive_check_11_6]
-
 CHECKS = [
     dict(number='11.1', name='flip_advantage_ratio_two', solution=solution_11_1,
          check=check_11_1, wrong=[wrong_11_1_swapped, wrong_11_1_one_rate],
