@@ -78,6 +78,12 @@ def _chapter_modules():
             if re.fullmatch(r'ch\d\d', name)]
 
 
+def _derive_order(name):
+    """derive_check_N_M[_suffix] -> (N, M, suffix), for book order."""
+    match = re.fullmatch(r'derive_check_(\d+)_(\d+)(.*)', name)
+    return int(match[1]), int(match[2]), match[3]
+
+
 def derive_checks():
     """The numerical checks of the worked derivations: each chapter module's functions
     named derive_check_N_M, of no argument, raising AssertionError if the answer's
@@ -86,7 +92,7 @@ def derive_checks():
     for module in _chapter_modules():
         names = [n for n, fn in vars(module).items()
                  if n.startswith('derive_check_') and inspect.isfunction(fn)]
-        for name in sorted(names, key=lambda n: _sort_key(n[13:].replace('_', '.'))):
+        for name in sorted(names, key=_derive_order):
             found[name] = getattr(module, name)
     return found
 
