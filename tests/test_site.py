@@ -192,7 +192,8 @@ def test_book_site_builds_strictly_and_passes_smoke(book_site, chapter_terms):
     shot_page = "book/recorded/04-bugfix-gym.html"
     report = smoke.smoke(book_site, pages, shot_page, SHOTS / "book-04-bugfix-gym.png",
                          searches=chapter_terms)
-    assert len(chapter_terms) == len(pages) - 2, chapter_terms        # every chapter
+    chapters = [p for p in pages if p.startswith("book/recorded/")]
+    assert len(chapters) >= 20 and len(chapter_terms) == len(chapters), chapter_terms
     assert report == {p: [] for p in [*pages, "search.html"]}
     assert (SHOTS / "book-04-bugfix-gym.png").exists()
 
