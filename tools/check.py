@@ -20,7 +20,8 @@ CPU kind) in contract mode, and fails unless every unmarked cell holds: it check
 
 Runs ``pytest --nbval --nbval-current-env`` (through tools/nbval_contract.py) with the
 sanitizer file tools/nbval_sanitize.cfg and the kernel settings of tools/bookenv.py (the ones
-tools/record.py records with). With no recorded notebooks it says so and exits 0.
+tools/record.py records with). The kernels of one run share the base agents they clone
+(tools/base_cache.py). With no recorded notebooks it says so and exits 0.
 Extra arguments after ``--`` go to pytest.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import base_cache  # noqa: E402
 import bookenv  # noqa: E402
 
 MODES = ("auto", "exact", "contract")
@@ -76,8 +78,10 @@ def main(argv=None) -> int:
     if args.other_kernels:
         print("check --other-kernels: " + " ".join(f"{k}={v}" for k, v in OTHER_KERNELS.items()))
     with tempfile.TemporaryDirectory() as tmp:
+        # the kernels of this run share their base agents (tools/base_cache.py)
+        kernels = {**env_extra, **base_cache.kernel_env(Path(tmp))}
         code = run(nbval_command(root, extra, nbs), nbs, args.jobs, root, modes, Path(tmp),
-                   env_extra)
+                   kernels)
         cells = [c for f in sorted(Path(tmp).glob("report*.json"))
                  for c in json.loads(f.read_text())]
     bad = print_report(nbs, modes, cells)
