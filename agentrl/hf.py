@@ -32,6 +32,7 @@ __all__ = [
     'verl_rows',
     'verl_episode',
     'verl_config',
+    'OpenRLHFTextAgent',
     'openrlhf_executor',
     'write_openrlhf_agent_file',
     'openrlhf_flags',
@@ -47,6 +48,7 @@ __all__ = [
 import dataclasses
 import functools
 import os
+import random
 import re
 
 import torch
@@ -257,13 +259,19 @@ class ChatTrajectory(arl.Trajectory):
     messages: list = None
 
 
-LOGIT_TRANSFORMS = ('final_logit_softcapping', 'logit_scale', 'logits_scaling')
+# config keys with which transformers models change the logits after the output layer
+# (the keys TRL 1.16's fused head reads: Gemma 2, Cohere, Granite, Falcon-H1, ...)
+LOGIT_TRANSFORMS = ('final_logit_softcapping', 'logit_scale', 'logits_scaling',
+                    'output_multiplier', 'lm_head_multiplier')
 
 
 def check_plain_model(model):
     """Refuse a model whose logits are not its output layer applied to its decoder's
-    last hidden states, or whose dropout would make two passes disagree."""
+    last hidden states (its config says so, or a probe of four tokens shows it), or
+    whose dropout would make two passes disagree."""
     config = model.config.to_dict()
+    if model.config.get_text_config() is not model.config:
+        config |= model.config.get_text_config().to_dict()
     transforms = {k: config[k] for k in LOGIT_TRANSFORMS
                   if config.get(k) not in (None, 1, 1.0)}
     if transforms:
@@ -277,6 +285,26 @@ def check_plain_model(model):
     if dropout:
         raise ValueError(f'dropout is on ({dropout}): the training pass would score '
                          f'a different network than the one that sampled; set it to 0')
+    _probe_head(model)
+
+
+def _probe_head(model):
+    """Compare the model's logits on four tokens with its output layer applied to
+    its decoder's last hidden states; raise if they differ (a meta model is skipped)."""
+    weight = model.get_output_embeddings().weight
+    if weight.is_meta:
+        return
+    ids = torch.arange(4, device=weight.device)[None] % weight.shape[0]
+    with torch.no_grad():
+        own = model(input_ids=ids, use_cache=False).logits.double()
+        hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
+        ours = model.get_output_embeddings()(hidden).double()
+    gap = (own - ours).abs().max().item()
+    if gap > 1e-3 * (1 + ours.abs().max().item()):
+        raise ValueError(f'the model\'s logits differ from its output layer applied '
+                         f'to its decoder\'s hidden states by up to {gap:.3g}; '
+                         f'HFPolicy scores head(decoder output) and would not match '
+                         f'the model')
 
 
 class HFPolicy(nn.Module):
@@ -382,8 +410,10 @@ class HFPolicy(nn.Module):
                 result = (env.reward_fn(info), info)
                 break
             logits = self.feed(cache, sampled[-1:] + chat.extend(delta))
-        # turns spent without an end: reward 0, as chapter 5's rollout_batch gives
-        return chat.trajectory(*(result or (0.0, env.final_info(False))))
+        if result is None:       # max_turns spent before the gym's own budget ended it
+            info = env.final_info(False)
+            result = (env.reward_fn(info), info)
+        return chat.trajectory(*result)
 
 
 class ChatTranscript:
@@ -402,6 +432,9 @@ class ChatTranscript:
     def assistant(self, sampled, logps):
         """Add a sampled turn (ids, log-probs) -> its content, the text the env reads
         (without a stop token the template writes itself, such as <|im_end|>)."""
+        if not sampled or len(sampled) != len(logps):
+            raise ValueError(f'a turn needs at least one sampled id and one log-prob '
+                             f'per id; got {len(sampled)} ids, {len(logps)} log-probs')
         self.ids, self.flags = self.ids + sampled, self.flags + [1] * len(sampled)
         self.logps += logps
         closing = sampled[-1] in self.tok.closing_ids
@@ -553,12 +586,13 @@ def episode_layout(traj):
 
 
 class TRLRollout:
-    """GRPOTrainer's rollout_func: each prompt it gets (TRL repeats a prompt
-    num_generations times) played as one text-gym episode by HFPolicy, at the trainer's
-    temperature -> prompt_ids, completion_ids, logprobs, env_mask, gym_reward."""
+    """GRPOTrainer's rollout_func: each prompt it gets played as one text-gym episode
+    by HFPolicy at the trainer's temperature, under a random function name when rename
+    is on (as RLConfig.rename) -> prompt_ids, completion_ids, logprobs, env_mask,
+    gym_reward. TRL's RepeatSampler hands it each prompt num_generations times."""
 
     def __init__(self, tok, tasks, max_turns=3, max_new_tokens=10, env_factory=None,
-                 seed=0):
+                 seed=0, rename=True):
         if not isinstance(tok, ChatTokenizer):
             raise ValueError(f'tok must be a ChatTokenizer, got {type(tok).__name__}')
         self.tok, self.max_turns, self.max_new_tokens = tok, max_turns, max_new_tokens
@@ -570,7 +604,7 @@ class TRLRollout:
                 raise ValueError(f'two tasks share the issue {issue!r}; the rollout '
                                  f'finds a prompt\'s task by its issue')
             self.tasks[issue] = task
-        self.generator = torch.Generator().manual_seed(seed)
+        self.seed, self.rename, self.generator = seed, rename, None
         self.calls = []                  # per call: the episodes [ChatTrajectory]
 
     def make_policy(self, model):
@@ -578,7 +612,7 @@ class TRLRollout:
         return HFPolicy(model, max_new_tokens=self.max_new_tokens)
 
     def task_of(self, prompt):
-        """A prompt (task_prompt's messages) -> its task."""
+        """A prompt (task_prompt's messages) -> its task, under its own name."""
         issue = prompt[-1]['content'] if isinstance(prompt, list) else prompt
         if issue not in self.tasks:
             raise ValueError(f'prompt {issue!r} is none of the {len(self.tasks)} '
@@ -588,8 +622,15 @@ class TRLRollout:
 
     def __call__(self, prompts, trainer):
         """prompts [B] and the trainer -> dict of [B] lists, as TRL asks."""
+        if self.generator is None:       # each process samples its own episodes
+            rank = trainer.accelerator.process_index
+            self.generator = torch.Generator().manual_seed(self.seed + rank)
         model = trainer.accelerator.unwrap_model(trainer.model)
         tasks = [self.task_of(p) for p in prompts]
+        if self.rename:                  # as sample_groups: a new name per episode
+            draw = torch.randint(2 ** 62, (), generator=self.generator).item()
+            renamer = random.Random(draw)
+            tasks = [arl.randomize_names(task, renamer) for task in tasks]
         was_training = model.training
         model.eval()
         try:
@@ -636,14 +677,18 @@ def trl_config(cfg, output_dir, max_steps, **overrides):
 def trl_trainer(model, tok, tasks, cfg, output_dir, max_steps=2, rollout=None,
                 **overrides):
     """A GRPOTrainer on the text gym: model (a causal LM or an HFPolicy), tok
-    (ChatTokenizer), tasks, cfg (RLConfig) -> GRPOTrainer with a TRLRollout and
-    gym_reward, its logs kept in trainer.state.log_history, not printed."""
+    (ChatTokenizer), tasks, cfg (RLConfig, its rename honoured by the rollout)
+    -> GRPOTrainer with a TRLRollout and gym_reward, its logs kept in
+    trainer.state.log_history, not printed."""
     from trl import GRPOTrainer
     os.environ.setdefault('TRL_EXPERIMENTAL_SILENCE', '1')    # rollout_func is new
     model = model.lm if isinstance(model, HFPolicy) else model
     env_factory = functools.partial(make_text_env, cfg)
     rollout = rollout or TRLRollout(tok, tasks, cfg.max_turns, env_factory=env_factory,
-                                    seed=cfg.seed)
+                                    seed=cfg.seed, rename=cfg.rename)
+    if rollout.rename != cfg.rename:
+        raise ValueError(f'the rollout renames {rollout.rename}, cfg.rename is '
+                         f'{cfg.rename}; build the rollout with rename=cfg.rename')
     trainer = GRPOTrainer(model=model, reward_funcs=gym_reward,
                           args=trl_config(cfg, output_dir, max_steps, **overrides),
                           train_dataset=trl_dataset(tasks, env_factory),
@@ -655,21 +700,26 @@ def trl_trainer(model, tok, tasks, cfg, output_dir, max_steps=2, rollout=None,
 def record_loss_inputs(trainer):
     """Wrap trainer._compute_loss to keep, per call: the loss mask [B, C] (completion
     mask x tool mask), prompt ids (unpadded), completion ids [B, C], advantages [B]
-    and TRL's own log-probs [B, C] -> that list."""
+    and TRL's own log-probs [B, C], as the loss computes them and under bf16 autocast
+    (what bf16=True with use_cpu=True would run) -> that list."""
     records, compute = [], trainer._compute_loss
 
     def recording(model, inputs):
         mask = inputs['completion_mask'] * inputs.get('tool_mask', 1)
         ids = torch.cat([inputs['prompt_ids'], inputs['completion_ids']], 1)
         attention = torch.cat([inputs['prompt_mask'], inputs['completion_mask']], 1)
+        score = functools.partial(trainer._get_per_token_logps_and_entropies, model,
+                                  ids, attention, inputs['completion_ids'].size(1))
         with torch.no_grad():
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(
-                model, ids, attention, inputs['completion_ids'].size(1))
+            logps, _, _ = score()
+            with torch.autocast(ids.device.type, dtype=torch.bfloat16):
+                logps_bf16, _, _ = score()
         prompts = [row[m.bool()].tolist() for row, m in
                    zip(inputs['prompt_ids'], inputs['prompt_mask'])]
         records.append(dict(mask=mask.detach().clone(), prompt_ids=prompts,
                             completion_ids=inputs['completion_ids'].clone(),
                             logps=logps.detach().clone(),
+                            logps_bf16=logps_bf16.detach().float().clone(),
                             advantages=inputs['advantages'].detach().clone()))
         return compute(model, inputs)
 
@@ -707,30 +757,55 @@ def verl_task(extra_info):
             dict(extra_info.get('gym', {})))
 
 
-def verl_rows(split, indices, n=1):
-    """verl dataset rows (raw_prompt, agent_name, extra_info, index), each task index
-    repeated n times (verl's rollout.n) -> [dict]."""
+def verl_rows(split, indices, gym=None):
+    """verl dataset rows, one per task index of make_tasks(split): data_source,
+    prompt (the task's first messages), agent_name, extra_info {'split', 'index'(,
+    'gym': RLConfig fields of the environment)} -> [dict]. Never repeat a row: verl
+    gives each row its own uid, the key of its group, then repeats it rollout.n
+    times."""
     tasks, env = arl.make_tasks(split), TextBugFixEnv()
-    return [dict(raw_prompt=task_prompt(env, tasks[i]), agent_name=VERL_AGENT_NAME,
-                 extra_info={'split': split, 'index': i}, index=i)
-            for i in indices for _ in range(n)]
+    extra = {'gym': dict(gym)} if gym else {}
+    return [dict(data_source=VERL_AGENT_NAME, prompt=task_prompt(env, tasks[i]),
+                 agent_name=VERL_AGENT_NAME,
+                 extra_info={'split': split, 'index': i} | extra)
+            for i in indices]
 
 
-async def verl_episode(server, tok, env, task, sampling_params, per_turn, budget):
+def _server_turn(out, request):
+    """A server's TokenOutput -> (ids, log-probs), or a clear error when a turn has no
+    token (an aborted request) or not one log-prob per token."""
+    ids, logps = list(out.token_ids), out.log_probs
+    if not ids:
+        raise RuntimeError(f'request {request} returned no token (stop_reason '
+                           f'{getattr(out, "stop_reason", None)!r}); an aborted turn '
+                           f'cannot be laid out')
+    if logps is None or len(logps) != len(ids):
+        got = 'no' if logps is None else len(logps)
+        raise RuntimeError(f'request {request} returned {got} log-probs for {len(ids)} '
+                           f'tokens; the loop asks for logprobs=True and needs one a '
+                           f'token')
+    return ids, list(logps)
+
+
+async def verl_episode(server, tok, env, task, sampling_params, per_turn, budget,
+                       prompt_limit=None):
     """Play env on task through server.generate (verl's signature: ids in, ids out), at
-    most per_turn tokens a turn and budget after the prompt -> (ChatTranscript, prompt
-    length, reward, final info)."""
+    most per_turn tokens a turn, budget after the prompt, and a prompt of at most
+    prompt_limit tokens -> (ChatTranscript, prompt length, reward, final info)."""
     from uuid import uuid4
     chat = ChatTranscript(tok, env.system, env.reset(task))
     prompt_len, request = len(chat.ids), uuid4().hex
+    if prompt_limit is not None and prompt_len > prompt_limit:
+        raise ValueError(f'the prompt has {prompt_len} tokens, more than verl\'s '
+                         f'rollout.prompt_length {prompt_limit}; raise '
+                         f'data.max_prompt_length')
     while True:
         room = prompt_len + budget - len(chat.ids)
         params = dict(sampling_params, max_tokens=min(per_turn, room), logprobs=True)
         out = await server.generate(request_id=request, prompt_ids=list(chat.ids),
                                     sampling_params=params)
-        logps = out.log_probs or [0.0] * len(out.token_ids)
         observation, reward, done, info = env.step(
-            chat.assistant(list(out.token_ids), list(logps)))
+            chat.assistant(*_server_turn(out, request)))
         if done:
             return chat, prompt_len, reward, info
         delta = chat.observation(observation)
@@ -747,28 +822,33 @@ def _verl_agent_loop():
                                                          register)
 
     class BugFixTextAgentLoop(AgentLoopBase):
-        """One TextBugFixEnv episode through server_manager.generate; response_mask is
-        1 on the model's tokens, 0 on observation and template tokens."""
+        """One TextBugFixEnv episode through server_manager.generate, under a random
+        function name unless extra_info's gym says rename False; response_mask is 1
+        on the model's tokens, 0 on observation and template tokens."""
 
         max_new_tokens = 24          # a turn's token budget (extra_info may override)
+        renamer = random.Random()    # verl builds a loop a sample: one stream a process
 
         async def run(self, sampling_params, **row):
             """sampling_params and a dataset row -> AgentLoopOutput."""
             task, gym = verl_task(row.get('extra_info'))
             turns = self.rollout_config.multi_turn.max_assistant_turns or 6
-            env = make_text_env(arl.RLConfig(max_turns=turns, **gym))
+            cfg = arl.RLConfig(**{'max_turns': turns} | gym)
+            task = arl.randomize_names(task, self.renamer) if cfg.rename else task
             per_turn = int(row['extra_info'].get('max_new_tokens', self.max_new_tokens))
             budget = self.rollout_config.response_length
             chat, prompt_len, reward, info = await verl_episode(
-                self.server_manager, ChatTokenizer(self.tokenizer), env, task,
-                sampling_params, per_turn, budget)
+                self.server_manager, ChatTokenizer(self.tokenizer), make_text_env(cfg),
+                task, sampling_params, per_turn, budget,
+                self.rollout_config.prompt_length)
             response = slice(prompt_len, prompt_len + budget)
             return AgentLoopOutput(
                 prompt_ids=chat.ids[:prompt_len], response_ids=chat.ids[response],
                 response_mask=chat.flags[response],
                 response_logprobs=chat.logps[response], reward_score=float(reward),
                 num_turns=len(chat.messages), metrics={},
-                extra_fields={'gym_info': info, 'turn_scores': [], 'tool_rewards': []})
+                extra_fields={'gym_info': info, 'fn_name': task.fn_name,
+                              'turn_scores': [], 'tool_rewards': []})
 
     BugFixTextAgentLoop.__module__, BugFixTextAgentLoop.__qualname__ = (
         __name__, 'BugFixTextAgentLoop')
@@ -784,79 +864,117 @@ def __getattr__(name):
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-def verl_config(model_dir, prompt_length=256, response_length=192, max_turns=3,
-                temperature=0.7):
-    """verl's own generated PPO config with the model, lengths, turns and temperature
-    set, and the agent loop as the default -> DictConfig."""
-    import verl
+def verl_config(cfg, model_dir, prompt_length=256, response_length=192, gpus=1,
+                micro_batch=4):
+    """verl's own generated PPO config with chapter 14's to_verl(cfg) applied, the
+    model, the data's prompt and response lengths (the rollout's follow them),
+    cfg.max_turns, one GPU node of gpus GPUs with a vLLM engine of tensor parallel
+    size 1 on each, micro_batch sequences a forward pass, and the agent loop as the
+    default -> DictConfig. cfg's other environment fields (rename, max_edits, reward)
+    travel in the rows' extra_info gym (verl_rows). Reads verl's YAML, not verl."""
+    import importlib.util
     from omegaconf import OmegaConf
-    config = OmegaConf.load(os.path.join(os.path.dirname(verl.__file__), 'trainer',
+    spec = importlib.util.find_spec('verl')
+    if spec is None:
+        raise ModuleNotFoundError('verl is not installed')
+    config = OmegaConf.load(os.path.join(spec.submodule_search_locations[0], 'trainer',
                                          'config', '_generated_ppo_trainer.yaml'))
-    rollout = config.actor_rollout_ref.rollout
-    config.actor_rollout_ref.model.path = str(model_dir)
-    rollout.name, rollout.temperature = 'vllm', temperature
+    overrides, absent = arl.to_verl(cfg).options, object()
+    unknown = [o for o in overrides
+               if OmegaConf.select(config, o.split('=')[0], default=absent) is absent]
+    if unknown:
+        raise ValueError(f'verl\'s config has no key for {unknown}')
+    config = OmegaConf.merge(config, OmegaConf.from_dotlist(overrides))
+    ref, rollout = config.actor_rollout_ref, config.actor_rollout_ref.rollout
+    ref.model.path = str(model_dir)
+    config.data.max_prompt_length = prompt_length
+    config.data.max_response_length = response_length
+    config.trainer.n_gpus_per_node, config.trainer.nnodes = gpus, 1
+    rollout.name, rollout.tensor_model_parallel_size = 'vllm', 1
     rollout.calculate_log_probs = True
-    rollout.prompt_length, rollout.response_length = prompt_length, response_length
-    rollout.multi_turn.max_assistant_turns = max_turns
+    rollout.multi_turn.max_assistant_turns = cfg.max_turns
     rollout.agent.default_agent_loop = VERL_AGENT_NAME
+    ref.actor.ppo_micro_batch_size_per_gpu = micro_batch
+    rollout.log_prob_micro_batch_size_per_gpu = micro_batch
+    ref.ref.log_prob_micro_batch_size_per_gpu = micro_batch
     return config
 
 
-def openrlhf_executor(tok, max_turns=3, split='train', gym=None):
-    """OpenRLHF's AgentExecutor class: a MultiTurnAgentExecutor over a text-gym agent
-    whose dataset label is a task index in make_tasks(split); tok a ChatTokenizer, a
-    transformers tokenizer or a directory holding one -> the class."""
+class OpenRLHFTextAgent:
+    """One text-gym episode in OpenRLHF's agent protocol (async reset and step on state
+    dicts; OpenRLHF's base class is added by openrlhf_executor): the dataset label is a
+    task index in tasks, renamed by renamer (a random.Random, or None) when given."""
+
+    def __init__(self, tok, tasks, max_turns=3, gym=None, renamer=None):
+        self.tok, self.tasks, self.renamer = tok, tasks, renamer
+        self.cfg = arl.RLConfig(**{'max_turns': max_turns} | dict(gym or {}))
+        self.closing = [tok.token_text(i) for i in tok.closing_ids]
+        self.env, self.text, self.messages, self.task = None, '', [], None
+
+    async def reset(self, states, **kwargs):
+        """{'label': a task index, ...} -> {'observation': the prompt text}."""
+        label = states.get('label')
+        if label is None or not str(label).isdigit() or int(label) >= len(self.tasks):
+            raise ValueError(f'label {label!r} is no task index; expected 0 to '
+                             f'{len(self.tasks) - 1}')
+        self.task = self.tasks[int(label)]
+        if self.renamer is not None:
+            self.task = arl.randomize_names(self.task, self.renamer)
+        self.env = make_text_env(self.cfg)
+        self.messages = task_prompt(self.env, self.task)
+        self.text = self.tok.render(self.messages, True)
+        return {'observation': self.text}
+
+    async def step(self, states, **kwargs):
+        """{'action_text', ...} -> rewards, scores, environment_feedback, done and
+        extra_logs (the episode's malformed calls so far: OpenRLHF keeps the last
+        step's)."""
+        content = states['action_text']
+        for stop in self.closing:                # if the engine kept it in the text
+            content = content[:-len(stop)] if content.endswith(stop) else content
+        observation, reward, done, info = self.env.step(content)
+        feedback = '' if done else self._feedback(content, observation)
+        malformed = sum(kind is not None for kind in self.env.malformed)
+        return {'rewards': torch.tensor(float(reward)),
+                'scores': torch.tensor(float(reward)),
+                'environment_feedback': feedback, 'done': done,
+                'sampling_params': states.get('sampling_params'),
+                'extra_logs': {'malformed': float(malformed)}}
+
+    def _feedback(self, content, observation):
+        """The template's text after the content, up to the next generation prompt,
+        less the template's closing token, which the model wrote (a turn cut by length
+        ends OpenRLHF's loop, so a turn followed by feedback ended with its stop
+        token; the engine keeps its id, not its text)."""
+        self.messages = self.messages + [
+            {'role': 'assistant', 'content': content},
+            {'role': self.tok.observation_role, 'content': observation}]
+        rendered, before = self.tok.render(self.messages, True), self.text + content
+        if not rendered.startswith(before):
+            raise ValueError('the chat template rewrites earlier turns; the '
+                             'episode cannot be laid out turn by turn')
+        delta, self.text = rendered[len(before):], rendered
+        stop = next((c for c in self.closing if delta.startswith(c)), '')
+        return delta[len(stop):]
+
+
+def openrlhf_executor(tok, max_turns=3, split='train', gym=None, rename=True,
+                      seed=None):
+    """OpenRLHF's AgentExecutor class: a MultiTurnAgentExecutor over OpenRLHFTextAgent,
+    the dataset label a task index in make_tasks(split), a random function name an
+    episode when rename (drawn from seed; None: fresh entropy in each engine); tok a
+    ChatTokenizer, a transformers tokenizer or a directory holding one -> the class."""
     from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
     if isinstance(tok, (str, os.PathLike)):
         tok = _transformers().AutoTokenizer.from_pretrained(str(tok))
     tok = tok if isinstance(tok, ChatTokenizer) else ChatTokenizer(tok)
-    tasks, gym = arl.make_tasks(split), dict(gym or {})
+    tasks, renamer = arl.make_tasks(split), random.Random(seed) if rename else None
 
-    class BugFixTextAgent(AgentInstanceBase):
-        """One episode: reset renders the system prompt and the issue; step plays the
-        model's text and answers with the template's next turn."""
+    class BugFixTextAgent(OpenRLHFTextAgent, AgentInstanceBase):
+        """OpenRLHFTextAgent as OpenRLHF instantiates it: with no arguments."""
 
         def __init__(self, *args, **kwargs):
-            self.env, self.text, self.messages = None, '', []
-
-        async def reset(self, states, **kwargs):
-            """{'label': a task index, ...} -> {'observation': the prompt text}."""
-            label = states.get('label')
-            if label is None or not str(label).isdigit() or int(label) >= len(tasks):
-                raise ValueError(f'label {label!r} is no task index; expected 0 to '
-                                 f'{len(tasks) - 1} (make_tasks({split!r}))')
-            self.env = make_text_env(arl.RLConfig(max_turns=max_turns, **gym))
-            self.messages = task_prompt(self.env, tasks[int(label)])
-            self.text = tok.render(self.messages, True)
-            return {'observation': self.text}
-
-        async def step(self, states, **kwargs):
-            """{'action_text', ...} -> rewards, scores, environment_feedback, done."""
-            content = states['action_text']
-            for stop in tok.stop_tokens:           # if the engine kept it in the text
-                content = content[:-len(stop)] if content.endswith(stop) else content
-            observation, reward, done, info = self.env.step(content)
-            feedback = '' if done else self._feedback(content, observation)
-            return {'rewards': torch.tensor(float(reward)),
-                    'scores': torch.tensor(float(reward)),
-                    'environment_feedback': feedback, 'done': done,
-                    'sampling_params': states.get('sampling_params'),
-                    'extra_logs': {'malformed': float(bool(self.env.malformed[-1]))}}
-
-        def _feedback(self, content, observation):
-            """The template's text after the content, up to the next generation
-            prompt, less the stop token the model wrote (the engine keeps its id, not
-            its text)."""
-            self.messages = self.messages + [
-                {'role': 'assistant', 'content': content},
-                {'role': tok.observation_role, 'content': observation}]
-            rendered, before = tok.render(self.messages, True), self.text + content
-            if not rendered.startswith(before):
-                raise ValueError('the chat template rewrites earlier turns; the '
-                                 'episode cannot be laid out turn by turn')
-            delta, self.text = rendered[len(before):], rendered
-            stop = tok.stop_tokens[0]
-            return delta[len(stop):] if delta.startswith(stop) else delta
+            super().__init__(tok, tasks, max_turns, gym, renamer)
 
     class AgentExecutor(MultiTurnAgentExecutor):
         """What --train.agent_func_path's module defines (OpenRLHF instantiates it with
@@ -868,26 +986,34 @@ def openrlhf_executor(tok, max_turns=3, split='train', gym=None):
     return AgentExecutor
 
 
-def write_openrlhf_agent_file(path, model_dir, max_turns=3, split='train'):
+def write_openrlhf_agent_file(path, model_dir, max_turns=3, split='train', rename=True,
+                              seed=None):
     """Write the module --train.agent_func_path names, defining AgentExecutor over the
-    tokenizer saved in model_dir -> path."""
+    tokenizer saved in model_dir (openrlhf_executor's other arguments) -> path."""
     with open(path, 'w') as f:
         f.write(f'"""OpenRLHF agent module for the text BugFix gym."""\n'
                 f'from agentrl import hf\n\n'
                 f'AgentExecutor = hf.openrlhf_executor({str(model_dir)!r}, '
-                f'max_turns={max_turns}, split={split!r})\n')
+                f'max_turns={max_turns}, split={split!r}, rename={rename!r}, '
+                f'seed={seed!r})\n')
     return str(path)
 
 
-def openrlhf_flags(cfg, model_dir, agent_file, data_file, gpus=1, max_len=512):
+def openrlhf_flags(cfg, model_dir, agent_file, data_file, gpus=1, max_len=512,
+                   vllm_memory=0.5):
     """Chapter 14's to_openrlhf flags plus the model, the agent module, the prompts
-    (keys 'prompt' and 'label'), GPUs per node (OpenRLHF's default of 8 fails its own
-    check when a step has fewer than 8 episodes) and the context -> [str]."""
+    (keys 'prompt' and 'label'), the context, and gpus GPUs per node shared by the
+    trainer, the reference and one vLLM engine a GPU (tensor parallel size 1; without
+    --vllm.num_engines OpenRLHF starts no engine and never loads the agent), which
+    sleep while the others work and take vllm_memory of a GPU when awake -> [str]."""
     return [*arl.to_openrlhf(cfg).options, '--actor.num_gpus_per_node', str(gpus),
-            '--data.max_len', str(max_len), '--actor.model_name_or_path',
-            str(model_dir), '--train.agent_func_path', str(agent_file),
-            '--data.prompt_dataset', str(data_file), '--data.input_key', 'prompt',
-            '--data.label_key', 'label']
+            '--ref.num_gpus_per_node', str(gpus), '--vllm.num_engines', str(gpus),
+            '--vllm.tensor_parallel_size', '1', '--train.colocate_all',
+            '--vllm.enable_sleep', '--ds.enable_sleep', '--vllm.gpu_memory_utilization',
+            str(vllm_memory), '--data.max_len', str(max_len),
+            '--actor.model_name_or_path', str(model_dir), '--train.agent_func_path',
+            str(agent_file), '--data.prompt_dataset', str(data_file),
+            '--data.input_key', 'prompt', '--data.label_key', 'label']
 
 
 @dataclasses.dataclass(frozen=True)

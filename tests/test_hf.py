@@ -219,6 +219,23 @@ def test_models_whose_log_probs_would_not_be_their_own_are_refused(word_tok):
     hb.HFPolicy(llama(word_tok, attention_dropout=0.0))      # a plain model is accepted
 
 
+@pytest.mark.parametrize('key', ['output_multiplier', 'lm_head_multiplier', 'logit_scale',
+                                 'logits_scaling'])
+def test_every_logit_scale_trl_knows_is_refused(word_tok, key):
+    model = llama(word_tok)
+    setattr(model.config, key, 0.5)
+    with pytest.raises(ValueError, match=rf"after the output layer \({{'{key}': 0.5}}\)"):
+        hb.HFPolicy(model)
+
+
+def test_a_model_that_changes_its_logits_unannounced_is_caught_by_the_probe(word_tok):
+    model = llama(word_tok)
+    model.register_forward_hook(lambda module, args, out: out.__setitem__(
+        'logits', out['logits'] * 2))          # no config key says so
+    with pytest.raises(ValueError, match='differ from its output layer'):
+        hb.HFPolicy(model)
+
+
 def test_head_gives_logits_in_float32_or_wider(word_tok):
     for dtype, want in [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
                         (torch.float64, torch.float64)]:
@@ -246,6 +263,27 @@ def test_a_stop_token_the_template_does_not_write_stays_in_the_turn(word_tok):
     assert chat.assistant(turn, [0.0] * len(turn)).strip().endswith('</call>')
     chat.extend(chat.observation('Source: x'))
     assert tok.encode(tok.render(chat.messages, True)) == chat.ids
+
+
+def test_an_empty_turn_is_named(word_tok):
+    chat = hb.ChatTranscript(word_tok, 'S', 'U')
+    with pytest.raises(ValueError, match='got 0 ids, 0 log-probs'):
+        chat.assistant([], [])
+    with pytest.raises(ValueError, match='got 2 ids, 1 log-probs'):
+        chat.assistant([4, 5], [0.0])
+
+
+def always_half(info):
+    return 0.5
+
+
+def test_an_episode_out_of_turns_gets_the_gyms_reward_as_a_full_context_does(word_tok):
+    # the rollout's max_turns (1) ends the episode before the gym's budget (6): the
+    # reward is the gym's reward of an unsubmitted episode, not a typed 0
+    policy = tiny_policy(word_tok)
+    env = hb.TextBugFixEnv(arl.BugFixEnv(max_turns=6, reward=always_half))
+    (t,) = policy.rollout([env], TASKS[:1], word_tok, max_turns=1)
+    assert t.reward == 0.5 and not t.info['submitted'] and t.info['n_turns'] == 1
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused_where_it_differs(word_tok):

@@ -31,8 +31,8 @@ import trainer_drivers as drv               # noqa: E402
 TASKS = arl.make_tasks('train')
 # TRL 1.16 scores tokens with its fused LM head, whose log-softmax runs in float32 even
 # for a float64 model (trl/kernels/chunked_logprob.py): sampling and training log-probs
-# then differ by ~5e-7. With bf16 autocast (GRPOConfig's default on a CPU too) the head
-# runs in bf16: ~1e-3.
+# then differ by ~5e-7. Under bf16 autocast (GRPOConfig's default bf16=True, which on a
+# CPU needs use_cpu=True) the fused head multiplies in bf16: ~1e-3.
 TRL_LOGP_TOL = 1e-5
 
 
@@ -124,7 +124,8 @@ def trl_run(tok, tmp_path_factory):
     policy = hf.tiny_chat_llama(tok, seed=1)
     before = [p.detach().clone() for p in policy.lm.parameters()]
     env_factory = functools.partial(hf.make_text_env, cfg)
-    rollout = HalfScriptedRollout(tok, TASKS[:2], cfg.max_turns, env_factory=env_factory)
+    rollout = HalfScriptedRollout(tok, TASKS[:2], cfg.max_turns, env_factory=env_factory,
+                                  rename=cfg.rename)
     trainer = tr.trl_trainer(policy, tok, TASKS[:2], cfg, tmp_path_factory.mktemp('trl'),
                              max_steps=2, rollout=rollout)
     records, logs, per_episode = tr.record_loss_inputs(trainer), [], []
@@ -152,10 +153,51 @@ def test_trl_takes_two_optimizer_steps_and_moves_the_weights(trl_run):
 
 
 def test_trl_hands_the_rollout_each_prompt_once_per_generation(trl_run):
-    # 2 prompts x num_generations 2: the rollout sees 4 prompts, each task twice
+    # 2 prompts x num_generations 2 (TRL's RepeatSampler): the rollout sees 4 prompts,
+    # each task twice
     for trajs in trl_run['rollout'].calls:
-        counts = collections.Counter(t.messages[1]['content'] for t in trajs)
+        counts = collections.Counter(t.info['task'] for t in trajs)
         assert sorted(counts.values()) == [2, 2]
+
+
+def test_trl_rollout_renames_every_episode_as_rlconfig_rename(trl_run):
+    # RLConfig's default rename=True reaches the rollout: each episode plays its task
+    # under a name drawn for it, and the ids TRL trains on carry that name
+    assert trl_run['trainer'].rollout_func.rename is True
+    originals = {task.name: task.fn_name for task in TASKS[:2]}
+    drawn = []
+    for trajs in trl_run['rollout'].calls:
+        for t in trajs:
+            name = t.messages[1]['content'].split()[3]
+            assert name != originals[t.info['task']] and name in arl.FN_NAMES
+            drawn.append(name)
+    assert len(set(drawn)) > 2
+
+
+def test_trl_trainer_honours_cfg_rename(tok, tmp_path):
+    cfg = arl.RLConfig(group_size=2, prompts_per_step=2, minibatches=1, rename=False)
+    policy = hf.tiny_chat_llama(tok)
+    trainer = tr.trl_trainer(policy, tok, TASKS[:2], cfg, tmp_path, max_steps=1)
+    assert trainer.rollout_func.rename is False
+    with pytest.raises(ValueError, match='cfg.rename is False'):
+        tr.trl_trainer(policy, tok, TASKS[:2], cfg, tmp_path, max_steps=1,
+                       rollout=tr.TRLRollout(tok, TASKS[:2]))
+
+
+def test_trl_rollout_seeds_each_process_apart(tok):
+    import types
+    policy = hf.tiny_chat_llama(tok)
+    prompts = [tr.task_prompt(hf.TextBugFixEnv(), TASKS[0])] * 2
+    episodes = []
+    for rank in (0, 1):
+        rollout = tr.TRLRollout(tok, TASKS[:2], max_turns=1, seed=5, rename=False)
+        trainer = types.SimpleNamespace(
+            model=policy.lm, temperature=1.0, accelerator=types.SimpleNamespace(
+                process_index=rank, unwrap_model=lambda model: model))
+        out = rollout(prompts, trainer)
+        assert rollout.generator.initial_seed() == 5 + rank
+        episodes.append(out['completion_ids'])
+    assert episodes[0] != episodes[1]       # two processes sample different episodes
 
 
 def test_trl_loss_mask_is_the_env_mask(trl_run):
@@ -212,6 +254,22 @@ def test_trl_rollout_and_reward_name_bad_values(tok):
 
 # ---------------------------------------------------------------------------------- verl
 
+class _Drawn:
+    """A stand-in rng whose choice is a given name (to rebuild a renamed task)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def choice(self, names):
+        assert self.name in names
+        return self.name
+
+
+def played(task, fn_name):
+    """task under the function name an episode played it with."""
+    return task if fn_name == task.fn_name else arl.randomize_names(task, _Drawn(fn_name))
+
+
 def gym_replay(task, turn_ids, tok, max_turns=3):
     """The gym's reward and final info for the turns sampled (ids, stop id dropped)."""
     env = hf.make_text_env(arl.RLConfig(max_turns=max_turns))
@@ -240,6 +298,9 @@ def test_verl_worker_runs_the_agent_loop_and_stops_at_tensordict(drivers):
     report = drivers('verl')
     assert report['placeholders'] == list(drv.VERL_MISSING)
     assert len(report['episodes']) == 4                  # 2 tasks x rollout.n 2
+    # verl's dataset read one row per task; its trainer's uid makes the group
+    assert [(ep['index'], ep['uid']) for ep in report['episodes']] == [
+        (0, 'uid-0'), (0, 'uid-0'), (1, 'uid-1'), (1, 'uid-1')]
     # generate_sequences ran every agent loop, then needs the real TensorDict
     assert report['stopped_at'].startswith(
         'verl/experimental/agent_loop/agent_loop.py:') and '_postprocess' in \
@@ -264,11 +325,49 @@ def test_verl_response_mask_is_1_on_exactly_the_models_tokens(drivers):
         assert all(lp == 0 for lp, m in zip(ep['logprobs'], mask) if not m)
 
 
+def test_verl_config_is_the_rlconfig_and_verl_accepts_it(drivers):
+    report = drivers('verl')
+    assert report['validated']                         # verl's validate_config passed
+    assert report['config'] == {
+        'actor_rollout_ref.rollout.n': 2, 'algorithm.adv_estimator': 'grpo',
+        'data.train_batch_size': 2, 'actor_rollout_ref.rollout.prompt_length': 256,
+        'actor_rollout_ref.rollout.response_length': 192,
+        'actor_rollout_ref.rollout.tensor_model_parallel_size': 1,
+        'actor_rollout_ref.rollout.temperature': 0.7,
+        'actor_rollout_ref.actor.optim.lr': 1e-6, 'trainer.n_gpus_per_node': 1}
+
+
+def test_verl_config_applies_to_verl_and_keeps_the_length_links():
+    from omegaconf import OmegaConf
+    cfg = arl.RLConfig(group_size=4, prompts_per_step=8, minibatches=2, max_turns=5,
+                       temperature=0.9, lr=1e-6, kl_coef=0.01)
+    config = tr.verl_config(cfg, 'M', prompt_length=300, response_length=700, gpus=2)
+    rollout = config.actor_rollout_ref.rollout
+    assert (rollout.n, rollout.temperature, rollout.multi_turn.max_assistant_turns) == \
+        (4, 0.9, 5)
+    assert (config.algorithm.adv_estimator, config.data.train_batch_size,
+            config.actor_rollout_ref.actor.ppo_mini_batch_size) == ('grpo', 8, 4)
+    assert config.actor_rollout_ref.actor.kl_loss_coef == 0.01
+    assert (rollout.prompt_length, rollout.response_length) == (300, 700)
+    raw = OmegaConf.to_container(rollout, resolve=False)   # still verl's links
+    assert raw['prompt_length'] == '${oc.select:data.max_prompt_length,512}'
+    assert raw['response_length'] == '${oc.select:data.max_response_length,512}'
+    assert (rollout.tensor_model_parallel_size, rollout.n_gpus_per_node) == (1, 2)
+
+
+def test_verl_loop_renames_each_episode(drivers):
+    episodes = drivers('verl')['episodes']
+    for ep in episodes:
+        assert ep['fn_name'] != TASKS[ep['index']].fn_name and ep['fn_name'] in arl.FN_NAMES
+    assert len({ep['fn_name'] for ep in episodes}) > 1
+
+
 def test_verl_reward_is_the_gyms(drivers):
     episodes = drivers('verl')['episodes']
     assert [ep['reward'] for ep in episodes] == [1.0, 0.0, 0.0, 0.0]   # 1st is scripted
     for ep in episodes:
-        reward, info = gym_replay(TASKS[ep['index']], ep['turns'], drivers.tok)
+        reward, info = gym_replay(played(TASKS[ep['index']], ep['fn_name']), ep['turns'],
+                                  drivers.tok)
         assert ep['reward'] == reward
         assert ep['gym_info']['actions'] == info['actions']
 
@@ -278,7 +377,8 @@ def test_verl_layout_is_chapter_21s(drivers):
     tok = drivers.tok
     for ep in drivers('verl')['episodes']:
         env = hf.make_text_env(arl.RLConfig(max_turns=3))
-        chat = hf.ChatTranscript(tok, env.system, env.reset(TASKS[ep['index']]))
+        task = played(TASKS[ep['index']], ep['fn_name'])
+        chat = hf.ChatTranscript(tok, env.system, env.reset(task))
         assert chat.ids == ep['prompt']
         for ids in ep['turns']:
             observation, _, done, _ = env.step(chat.assistant(ids, [0.0] * len(ids)))
@@ -301,6 +401,12 @@ def test_openrlhf_cli_parses_the_flags_up_to_ray_init(drivers):
             args['train.batch_size']) == (2, 2, 4)
     assert args['algo.advantage.estimator'] == 'group_norm'
     assert args['actor.entropy_coef'] == 0.01 and args['data.label_key'] == 'label'
+    # one vLLM engine (without it OpenRLHF starts none and never loads the agent),
+    # colocated with the trainer on the one GPU, both sleeping while the other works
+    assert (args['vllm.num_engines'], args['vllm.tensor_parallel_size']) == (1, 1)
+    assert args['train.colocate_all'] and args['vllm.enable_sleep']
+    assert args['ds.enable_sleep'] and args['vllm.gpu_memory_utilization'] == 0.5
+    assert args['actor.num_gpus_per_node'] == args['ref.num_gpus_per_node'] == 1
 
 
 def test_openrlhf_action_mask_is_1_on_exactly_the_models_tokens(drivers):
@@ -319,7 +425,8 @@ def test_openrlhf_scripted_episode_is_laid_out_as_chapter_21(drivers):
     tok = drivers.tok
     ep = drivers('openrlhf')['episodes'][0]            # read, the fix, submit
     env = hf.make_text_env(arl.RLConfig(max_turns=3))
-    chat = hf.ChatTranscript(tok, env.system, env.reset(TASKS[0]))
+    assert ep['fn_name'] != TASKS[0].fn_name          # renamed by the agent's reset
+    chat = hf.ChatTranscript(tok, env.system, env.reset(played(TASKS[0], ep['fn_name'])))
     for ids in ep['turns']:
         observation, _, done, _ = env.step(chat.assistant(ids, [0.0] * len(ids)))
         if not done:
@@ -332,8 +439,12 @@ def test_openrlhf_rewards_are_the_gyms(drivers):
     episodes = drivers('openrlhf')['episodes']
     assert [ep['reward'] for ep in episodes] == [1.0, 0.0]
     for ep in episodes:
-        reward, _ = gym_replay(TASKS[int(ep['label'])], ep['turns'], drivers.tok)
+        task = played(TASKS[int(ep['label'])], ep['fn_name'])
+        reward, info = gym_replay(task, ep['turns'], drivers.tok)
         assert ep['reward'] == reward
+        # OpenRLHF keeps the last step's extra_logs: the episode's count of malformed
+        assert ep['extra_logs']['malformed'] == sum(map(arl.is_malformed, info['actions']))
+    assert episodes[1]['extra_logs']['malformed'] == 3     # the sampled one: every turn
 
 
 def test_bad_rows_and_episodes_are_named():
@@ -341,9 +452,12 @@ def test_bad_rows_and_episodes_are_named():
         tr.verl_task({'split': 'train'})
     task, gym = tr.verl_task({'split': 'train', 'index': 3, 'gym': {'max_edits': 2}})
     assert task == TASKS[3] and gym == {'max_edits': 2}
-    rows = tr.verl_rows('train', [0, 1], n=2)
-    assert [r['index'] for r in rows] == [0, 0, 1, 1]
+    # dataset rows: one a task (verl repeats each rollout.n times under one uid)
+    rows = tr.verl_rows('train', [0, 1], gym={'rename': False})
+    assert [r['extra_info'] for r in rows] == [
+        {'split': 'train', 'index': i, 'gym': {'rename': False}} for i in (0, 1)]
     assert {r['agent_name'] for r in rows} == {tr.VERL_AGENT_NAME}
+    assert rows[1]['prompt'] == tr.task_prompt(hf.TextBugFixEnv(), TASKS[1])
     empty = arl.Trajectory(torch.tensor([1, 2, 3]), torch.zeros(2, dtype=arl.DTYPE), 0.0,
                            {}, torch.zeros(2, dtype=arl.DTYPE))
     with pytest.raises(ValueError, match='no sampled token'):
@@ -355,14 +469,98 @@ def test_bad_rows_and_episodes_are_named():
                           logprobs=[-0.5, 0.0])
 
 
+class FixedServer:
+    """A verl-style server that answers every request with one TokenOutput-like reply."""
+
+    def __init__(self, **reply):
+        self.reply = reply
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params):
+        import types
+        return types.SimpleNamespace(**({'stop_reason': None} | self.reply))
+
+
+def verl_play(tok, server, prompt_limit=None):
+    import asyncio
+    env = hf.make_text_env(arl.RLConfig(max_turns=3))
+    return asyncio.run(tr.verl_episode(server, tok, env, TASKS[0], {}, 8, 512,
+                                       prompt_limit))
+
+
+def test_verl_episode_names_missing_log_probs_aborts_and_long_prompts(tok):
+    stop = min(tok.stop_ids)
+    read = tok.encode('<call>read</call>') + [stop]
+    with pytest.raises(RuntimeError, match=rf'returned no log-probs for {len(read)} tok'):
+        verl_play(tok, FixedServer(token_ids=read, log_probs=None))
+    with pytest.raises(RuntimeError, match=rf'returned 2 log-probs for {len(read)} tok'):
+        verl_play(tok, FixedServer(token_ids=read, log_probs=[-1.0, -1.0]))
+    with pytest.raises(RuntimeError, match=r"no token \(stop_reason 'aborted'\)"):
+        verl_play(tok, FixedServer(token_ids=[], log_probs=[], stop_reason='aborted'))
+    chat, prompt_len, reward, info = verl_play(
+        tok, FixedServer(token_ids=read, log_probs=[-1.0] * len(read)))
+    assert reward == 0.0 and info['actions'] == ['read'] * 3
+    with pytest.raises(ValueError, match=rf'prompt has {prompt_len} tokens, more than '
+                                         rf"verl's rollout.prompt_length {prompt_len - 1}"):
+        verl_play(tok, FixedServer(token_ids=read, log_probs=[-1.0] * len(read)),
+                  prompt_limit=prompt_len - 1)
+
+
+def agent_turn(agent, label, texts):
+    """Reset an OpenRLHFTextAgent on label and play texts -> the step results."""
+    import asyncio
+
+    async def play():
+        await agent.reset({'label': label})
+        return [await agent.step({'action_text': text}) for text in texts]
+    return asyncio.run(play())
+
+
+def test_openrlhf_agent_strips_only_the_templates_closing_token(tok):
+    """A stop token the template does not write (</call>) stays in the turn; the one it
+    writes (<|im_end|>) is cut from the text and from the feedback's start."""
+    two = hf.ChatTokenizer(tok.hf, stop_tokens=['</call>', '<|im_end|>'])
+    agent = hf.OpenRLHFTextAgent(two, TASKS, max_turns=3)
+    results = agent_turn(agent, '0', ['<call>read</call>', '<call>test</call><|im_end|>'])
+    assert agent.env.malformed == [None, None]
+    assert agent.env.inner.actions == ['read', 'test']
+    for result in results:
+        assert result['extra_logs'] == {'malformed': 0.0}
+        assert not result['environment_feedback'].startswith('<|im_end|>')
+        assert result['environment_feedback'].startswith('\n<|im_start|>user\n')
+        assert result['environment_feedback'].endswith('<|im_start|>assistant\n')
+    # the model's ids (the turn, then its closing id) plus the feedback: the template's
+    # rendering of the whole conversation
+    ids = two.encode(two.render(agent.messages[:2], True))
+    for message, result in zip(agent.messages[2::2], results):
+        ids += two.encode(message['content']) + [two.hf.convert_tokens_to_ids('<|im_end|>')]
+        ids += two.encode(result['environment_feedback'])
+    assert ids == two.encode(two.render(agent.messages, True))
+
+
+def test_openrlhf_agent_logs_the_episodes_malformed_calls_and_renames(tok):
+    import random
+    agent = hf.OpenRLHFTextAgent(tok, TASKS, max_turns=3, renamer=random.Random(0))
+    results = agent_turn(agent, '2', ['hello', '<call>read</call>', 'bye'])
+    assert [r['extra_logs']['malformed'] for r in results] == [1.0, 1.0, 2.0]
+    assert results[-1]['done'] and agent.task.name == TASKS[2].name
+    assert agent.task.fn_name != TASKS[2].fn_name
+    assert f'the function {agent.task.fn_name} returns' in agent.text
+    with pytest.raises(ValueError, match=r"label '99' is no task index"):
+        agent_turn(agent, '99', [])
+
+
 def test_openrlhf_flags_and_agent_file(tmp_path):
     cfg = arl.RLConfig(group_size=2, prompts_per_step=2, minibatches=1)
-    flags = tr.openrlhf_flags(cfg, 'M', 'A.py', 'D.jsonl')
-    for flag, value in [('--actor.num_gpus_per_node', '1'), ('--train.agent_func_path',
+    flags = tr.openrlhf_flags(cfg, 'M', 'A.py', 'D.jsonl', gpus=2)
+    for flag, value in [('--actor.num_gpus_per_node', '2'), ('--train.agent_func_path',
                         'A.py'), ('--actor.model_name_or_path', 'M'),
-                        ('--data.label_key', 'label')]:
+                        ('--data.label_key', 'label'), ('--vllm.num_engines', '2'),
+                        ('--vllm.tensor_parallel_size', '1'),
+                        ('--ref.num_gpus_per_node', '2')]:
         assert flags[flags.index(flag) + 1] == value, flag
-    path = tr.write_openrlhf_agent_file(tmp_path / 'agent.py', tmp_path / 'model')
+    assert {'--train.colocate_all', '--vllm.enable_sleep'} <= set(flags)
+    path = tr.write_openrlhf_agent_file(tmp_path / 'agent.py', tmp_path / 'model', seed=3)
     text = open(path).read()
     assert 'from agentrl import hf' in text and 'AgentExecutor = hf.openrlhf_executor(' in text
+    assert 'rename=True, seed=3)' in text
     compile(text, path, 'exec')

@@ -5,6 +5,7 @@ model. Test plumbing for tests/test_hf_trainers.py, run as a subprocess (the pla
 change sys.meta_path): python tests/trainer_drivers.py verl|openrlhf MODEL_DIR."""
 import asyncio
 import os
+import re
 import sys
 import types
 from pathlib import Path
@@ -164,26 +165,62 @@ def _frame_in(exc, package):
     return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({f.name})"
 
 
-def verl_drive(model_dir, indices=(0, 1), n=2, seed=0):
-    """Run the agent loop through verl's own AgentLoopWorker (built by its __init__ from
-    verl's config) with a LocalTokenServer (the first episode scripted to fix its bug,
-    the others sampled): _run_agent_loop on each row, then generate_sequences until it
-    stops -> JSON-able report. Needs VERL_MISSING in place."""
+VERL_CFG = dict(group_size=2, prompts_per_step=2, minibatches=1, max_turns=3,
+                entropy_coef=0.01, temperature=0.7, lr=1e-6)
+
+
+def verl_worker_rows(config, dataset_rows, directory):
+    """What an AgentLoopWorker receives for dataset_rows: verl's RLHFDataset reads them
+    from a parquet file (raw_prompt from prompt, index from extra_info), the trainer
+    adds a uid a row and repeats each rollout.n times -> (DataProto, [row dict])."""
     import numpy as np
+    import datasets
+    import transformers
+    from verl.protocol import DataProto
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    path = os.path.join(directory, 'train.parquet')
+    datasets.Dataset.from_list(dataset_rows).to_parquet(path)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(
+        config.actor_rollout_ref.model.path)
+    dataset = RLHFDataset(path, tokenizer, config.data)
+    items = [{k: v for k, v in dataset[i].items() if not isinstance(v, torch.Tensor)}
+             for i in range(len(dataset))]
+    for k, item in enumerate(items):
+        item['uid'] = f'uid-{k}'
+    batch = DataProto(non_tensor_batch={key: np.array([item[key] for item in items],
+                                                      dtype=object)
+                                        for key in items[0]}, meta_info={})
+    batch = batch.repeat(repeat_times=config.actor_rollout_ref.rollout.n,
+                         interleave=True)
+    rows = [{key: value[i] for key, value in batch.non_tensor_batch.items()}
+            for i in range(len(batch))]
+    return batch, rows
+
+
+def verl_drive(model_dir, indices=(0, 1), seed=0):
+    """Run the agent loop through verl's own AgentLoopWorker (built by its __init__ from
+    hf.verl_config, which verl's validate_config accepts) with a LocalTokenServer (the
+    first episode scripted to fix its bug, the others sampled) on the rows verl's
+    dataset and trainer make of hf.verl_rows: _run_agent_loop on each, then
+    generate_sequences until it stops -> JSON-able report. Needs VERL_MISSING."""
+    import tempfile
     import transformers
     from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker,
                                                          get_trajectory_info)
-    from verl.protocol import DataProto
-    _ = hf.BugFixTextAgentLoop                             # registers 'bugfix_text'
-    config = hf.verl_config(model_dir)
+    from verl.utils.config import validate_config
+    hf.BugFixTextAgentLoop.renamer.seed(seed)              # registers 'bugfix_text'
+    cfg = arl.RLConfig(**VERL_CFG)
+    config = hf.verl_config(cfg, model_dir)
+    validate_config(config, use_reference_policy=False, use_critic=False)
     tok = hf.ChatTokenizer(transformers.AutoTokenizer.from_pretrained(model_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
                                                               dtype=torch.float64)
     server = LocalTokenServer(hf.HFPolicy(model), tok, seed)
     worker = AgentLoopWorker(config, llm_client=server)
-    rows = hf.verl_rows('train', indices, n)
-    params = dict(temperature=0.7, top_p=1.0, top_k=-1, repetition_penalty=1.0,
-                  logprobs=True)
+    batch, rows = verl_worker_rows(config, hf.verl_rows('train', indices),
+                                   tempfile.mkdtemp(prefix='verl-rows-'))
+    params = dict(temperature=cfg.temperature, top_p=1.0, top_k=-1,
+                  repetition_penalty=1.0, logprobs=True)
     loop = asyncio.new_event_loop()
     info = loop.run_until_complete(get_trajectory_info(0, [r['index'] for r in rows],
                                                        False))
@@ -200,12 +237,19 @@ def verl_drive(model_dir, indices=(0, 1), n=2, seed=0):
             response_mask=out.response_mask[0].tolist(),
             attention=out.attention_mask[0, out.prompt_ids.shape[1]:].tolist(),
             logprobs=out.response_logprobs[0].tolist(), reward=out.reward_score,
-            gym_info=out.extra_fields['gym_info'], index=row['index'],
+            gym_info=out.extra_fields['gym_info'], index=int(row['index']),
+            uid=row['uid'], fn_name=out.extra_fields['fn_name'],
             turns=[ids for _, ids in server.requests[start:]]))
-    report = dict(episodes=episodes, response_length=config.actor_rollout_ref.rollout
-                  .response_length, pad_id=worker.tokenizer.pad_token_id)
-    batch = DataProto(non_tensor_batch={k: np.array([r[k] for r in rows], dtype=object)
-                                        for k in rows[0]}, meta_info={})
+    rollout = config.actor_rollout_ref.rollout
+    report = dict(episodes=episodes, response_length=rollout.response_length,
+                  pad_id=worker.tokenizer.pad_token_id, validated=True,
+                  config={key: _select(config, key) for key in (
+                      'actor_rollout_ref.rollout.n', 'algorithm.adv_estimator',
+                      'data.train_batch_size', 'actor_rollout_ref.rollout.prompt_length',
+                      'actor_rollout_ref.rollout.response_length',
+                      'actor_rollout_ref.rollout.tensor_model_parallel_size',
+                      'actor_rollout_ref.rollout.temperature',
+                      'actor_rollout_ref.actor.optim.lr', 'trainer.n_gpus_per_node')})
     try:
         loop.run_until_complete(worker.generate_sequences(batch))
         report['generate_sequences'] = 'returned'
@@ -214,6 +258,11 @@ def verl_drive(model_dir, indices=(0, 1), n=2, seed=0):
         report['stopped_at'] = _frame_in(exc, 'verl')
     return report
 
+
+def _select(config, key):
+    """config's value at a dotted key, interpolations resolved."""
+    from omegaconf import OmegaConf
+    return OmegaConf.select(config, key)
 
 
 class VLLMStyleEngine(LocalTokenServer):
@@ -275,7 +324,8 @@ def openrlhf_drive(model_dir, seed=0):
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
     from openrlhf.trainer.ray import vllm_engine
     work = tempfile.mkdtemp(prefix='openrlhf-agent-')
-    agent_file = hf.write_openrlhf_agent_file(os.path.join(work, 'agent.py'), model_dir)
+    agent_file = hf.write_openrlhf_agent_file(os.path.join(work, 'agent.py'), model_dir,
+                                              seed=seed)
     data_file = os.path.join(work, 'prompts.jsonl')
     with open(data_file, 'w') as f:
         for i in range(2):
@@ -288,7 +338,10 @@ def openrlhf_drive(model_dir, seed=0):
         'rollout.batch_size', 'train.batch_size', 'rollout.temperature',
         'algo.advantage.estimator', 'actor.eps_clip_low_high', 'actor.loss_agg_mode',
         'actor.entropy_coef', 'data.input_key', 'data.label_key', 'data.max_len',
-        'rollout.max_new_tokens', 'algo.advantage.is_correction_level')})
+        'rollout.max_new_tokens', 'algo.advantage.is_correction_level',
+        'vllm.num_engines', 'vllm.tensor_parallel_size', 'train.colocate_all',
+        'vllm.enable_sleep', 'ds.enable_sleep', 'actor.num_gpus_per_node',
+        'ref.num_gpus_per_node', 'vllm.gpu_memory_utilization')})
     executor = vllm_engine._load_agent_executor(agent_file)
     tok = hf.ChatTokenizer(transformers.AutoTokenizer.from_pretrained(model_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
@@ -317,7 +370,9 @@ def openrlhf_drive(model_dir, seed=0):
                 action_mask=exp.action_mask[0].tolist(),
                 rollout_log_probs=response['rollout_log_probs'],
                 reward=response['reward'], scores=float(response['scores']),
-                truncated=response['truncated'],
+                truncated=response['truncated'], extra_logs=response['extra_logs'],
+                fn_name=re.search(r'the function (\w+) returns',
+                                  tok.decode(response['observation_tokens'])).group(1),
                 turns=[ids for _, ids in engine.requests[start:]]))
     report['episodes'] = episodes
     return report
