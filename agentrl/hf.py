@@ -28,6 +28,10 @@ __all__ = [
     'trl_config',
     'trl_trainer',
     'VERL_AGENT_NAME',
+    'VERL_LOOP_TARGET',
+    'VERL_LOOP_FILE',
+    'gym_fields',
+    'gym_config',
     'verl_task',
     'verl_rows',
     'verl_episode',
@@ -50,6 +54,7 @@ import functools
 import os
 import random
 import re
+import weakref
 
 import torch
 import torch.nn as nn
@@ -288,23 +293,32 @@ def check_plain_model(model):
     _probe_head(model)
 
 
+_PROBED = weakref.WeakSet()     # the models _probe_head has passed: probed once each
+
+
 def _probe_head(model):
     """Compare the model's logits on four tokens with its output layer applied to
-    its decoder's last hidden states; raise if they differ (a meta model is skipped)."""
-    weight = model.get_output_embeddings().weight
-    if weight.is_meta:
+    its decoder's last hidden states; raise if they differ (a meta model is skipped;
+    a model that passed is not probed again)."""
+    head = model.get_output_embeddings()
+    if head.weight.is_meta or model in _PROBED:
         return
-    ids = torch.arange(4, device=weight.device)[None] % weight.shape[0]
+    # the vocabulary from the layer's shape attribute or the config: under ZeRO-3 a
+    # process holds a shard of the weight, whose local shape may be [0]
+    vocab = getattr(head, 'out_features', None) or \
+        model.config.get_text_config().vocab_size
+    ids = torch.arange(4, device=head.weight.device)[None] % vocab
     with torch.no_grad():
         own = model(input_ids=ids, use_cache=False).logits.double()
         hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state
-        ours = model.get_output_embeddings()(hidden).double()
+        ours = head(hidden).double()
     gap = (own - ours).abs().max().item()
     if gap > 1e-3 * (1 + ours.abs().max().item()):
         raise ValueError(f'the model\'s logits differ from its output layer applied '
                          f'to its decoder\'s hidden states by up to {gap:.3g}; '
                          f'HFPolicy scores head(decoder output) and would not match '
                          f'the model')
+    _PROBED.add(model)
 
 
 class HFPolicy(nn.Module):
@@ -745,10 +759,55 @@ def match_rows(record, trajs):
 
 
 VERL_AGENT_NAME = 'bugfix_text'
+# where verl's workers import the loop from, and the file verl_config lists it in
+VERL_LOOP_TARGET, VERL_LOOP_FILE = 'agentrl.hf.BugFixTextAgentLoop', 'agent_loops.yaml'
+
+
+def gym_fields(cfg):
+    """An RLConfig's environment fields but max_turns -> {'rename', 'max_edits',
+    'reward'} as plain values, what a verl row or an OpenRLHF agent module carries to
+    the trainer's workers; a callable reward goes as its import path 'module:name'."""
+    reward = cfg.reward
+    if callable(reward):
+        module = getattr(reward, '__module__', None)
+        reward = f"{module}:{getattr(reward, '__qualname__', '')}"
+        if module == '__main__' or _imported(reward) is not cfg.reward:
+            raise ValueError(f'reward {cfg.reward!r} cannot be imported by name '
+                             f'({reward!r}), and the trainer\'s workers import it; '
+                             f'use a module-level function of an importable module '
+                             f'or one of {arl.REWARDS}')
+    return dict(rename=cfg.rename, max_edits=cfg.max_edits, reward=reward)
+
+
+def _imported(path):
+    """'module:name' -> the object it names, or None if it cannot be imported."""
+    import importlib
+    module, _, name = path.partition(':')
+    try:
+        found = importlib.import_module(module)
+        for part in name.split('.'):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found
+
+
+def gym_config(fields, max_turns):
+    """gym_fields' dict (or part of it; None: RLConfig's defaults) and a turn budget
+    -> the RLConfig of the gym (make_text_env's argument), a reward path imported."""
+    fields = dict(fields or {})
+    reward = fields.get('reward')
+    if isinstance(reward, str) and reward not in arl.REWARDS:
+        fields['reward'] = _imported(reward)
+        if fields['reward'] is None:
+            raise ValueError(f'reward {reward!r} is neither one of {arl.REWARDS} nor '
+                             f'an importable \'module:name\'')
+    return arl.RLConfig(**{'max_turns': max_turns} | fields)
 
 
 def verl_task(extra_info):
-    """A verl dataset row's extra_info {'split', 'index'} -> (task, gym arguments)."""
+    """A verl dataset row's extra_info {'split', 'index'(, 'gym')} -> (task, its gym
+    fields as a dict)."""
     missing = {'split', 'index'} - set(extra_info or {})
     if missing:
         raise ValueError(f'extra_info needs {sorted(missing)} (a make_tasks split and '
@@ -757,28 +816,32 @@ def verl_task(extra_info):
             dict(extra_info.get('gym', {})))
 
 
-def verl_rows(split, indices, gym=None):
-    """verl dataset rows, one per task index of make_tasks(split): data_source,
-    prompt (the task's first messages), agent_name, extra_info {'split', 'index'(,
-    'gym': RLConfig fields of the environment)} -> [dict]. Never repeat a row: verl
-    gives each row its own uid, the key of its group, then repeats it rollout.n
-    times."""
-    tasks, env = arl.make_tasks(split), TextBugFixEnv()
-    extra = {'gym': dict(gym)} if gym else {}
+def verl_rows(split, indices, cfg):
+    """verl dataset rows, one per task index of make_tasks(split), for the run's
+    RLConfig cfg: data_source, prompt (the task's first messages), agent_name,
+    extra_info {'split', 'index', 'gym': gym_fields(cfg)} -> [dict]; cfg.max_turns
+    travels in verl's config (verl_config). Never repeat a row: verl gives each row
+    its own uid, the key of its group, then repeats it rollout.n times."""
+    tasks, env, gym = arl.make_tasks(split), TextBugFixEnv(), gym_fields(cfg)
     return [dict(data_source=VERL_AGENT_NAME, prompt=task_prompt(env, tasks[i]),
                  agent_name=VERL_AGENT_NAME,
-                 extra_info={'split': split, 'index': i} | extra)
+                 extra_info={'split': split, 'index': i, 'gym': dict(gym)})
             for i in indices]
 
 
 def _server_turn(out, request):
-    """A server's TokenOutput -> (ids, log-probs), or a clear error when a turn has no
-    token (an aborted request) or not one log-prob per token."""
+    """A server's TokenOutput -> (ids, log-probs), or a clear error when the request
+    was aborted (with or without tokens), or a turn has no token or not one log-prob
+    per token."""
     ids, logps = list(out.token_ids), out.log_probs
+    stop = getattr(out, 'stop_reason', None)
+    if stop == 'aborted':
+        raise RuntimeError(f'request {request} was aborted (stop_reason {stop!r}) '
+                           f'after {len(ids)} token(s); an aborted turn is no turn '
+                           f'the model finished, and the loop does not resume it')
     if not ids:
         raise RuntimeError(f'request {request} returned no token (stop_reason '
-                           f'{getattr(out, "stop_reason", None)!r}); an aborted turn '
-                           f'cannot be laid out')
+                           f'{stop!r}); a turn needs at least one')
     if logps is None or len(logps) != len(ids):
         got = 'no' if logps is None else len(logps)
         raise RuntimeError(f'request {request} returned {got} log-probs for {len(ids)} '
@@ -816,15 +879,16 @@ async def verl_episode(server, tok, env, task, sampling_params, per_turn, budget
 
 
 def _verl_agent_loop():
-    """verl's agent loop over the text gym, registered as VERL_AGENT_NAME -> the class
-    (agentrl.hf.BugFixTextAgentLoop, built on first use: verl is imported then)."""
-    from verl.experimental.agent_loop.agent_loop import (AgentLoopBase, AgentLoopOutput,
-                                                         register)
+    """verl's agent loop over the text gym -> the class (agentrl.hf.BugFixTextAgentLoop,
+    built on first use: verl is imported then). verl finds it through the file
+    verl_config writes, not through a registration in this process."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 
     class BugFixTextAgentLoop(AgentLoopBase):
-        """One TextBugFixEnv episode through server_manager.generate, under a random
-        function name unless extra_info's gym says rename False; response_mask is 1
-        on the model's tokens, 0 on observation and template tokens."""
+        """One TextBugFixEnv episode through server_manager.generate: the gym of the
+        row's extra_info gym fields and verl's multi_turn.max_assistant_turns, under a
+        random function name when rename; response_mask is 1 on the model's tokens, 0
+        on observation and template tokens."""
 
         max_new_tokens = 24          # a turn's token budget (extra_info may override)
         renamer = random.Random()    # verl builds a loop a sample: one stream a process
@@ -832,8 +896,8 @@ def _verl_agent_loop():
         async def run(self, sampling_params, **row):
             """sampling_params and a dataset row -> AgentLoopOutput."""
             task, gym = verl_task(row.get('extra_info'))
-            turns = self.rollout_config.multi_turn.max_assistant_turns or 6
-            cfg = arl.RLConfig(**{'max_turns': turns} | gym)
+            cfg = gym_config(gym, self.rollout_config.multi_turn.max_assistant_turns
+                             or arl.RLConfig().max_turns)
             task = arl.randomize_names(task, self.renamer) if cfg.rename else task
             per_turn = int(row['extra_info'].get('max_new_tokens', self.max_new_tokens))
             budget = self.rollout_config.response_length
@@ -852,7 +916,6 @@ def _verl_agent_loop():
 
     BugFixTextAgentLoop.__module__, BugFixTextAgentLoop.__qualname__ = (
         __name__, 'BugFixTextAgentLoop')
-    register(VERL_AGENT_NAME)(BugFixTextAgentLoop)
     return BugFixTextAgentLoop
 
 
@@ -864,14 +927,16 @@ def __getattr__(name):
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
 
 
-def verl_config(cfg, model_dir, prompt_length=256, response_length=192, gpus=1,
-                micro_batch=4):
+def verl_config(cfg, model_dir, directory, prompt_length=256, response_length=192,
+                gpus=1, micro_batch=4):
     """verl's own generated PPO config with chapter 14's to_verl(cfg) applied, the
     model, the data's prompt and response lengths (the rollout's follow them),
     cfg.max_turns, one GPU node of gpus GPUs with a vLLM engine of tensor parallel
     size 1 on each, micro_batch sequences a forward pass, and the agent loop as the
-    default -> DictConfig. cfg's other environment fields (rename, max_edits, reward)
-    travel in the rows' extra_info gym (verl_rows). Reads verl's YAML, not verl."""
+    default, listed in directory/agent_loops.yaml (written here), the file verl's
+    AgentLoopWorker, a Ray actor in a process of its own, reads its loops from
+    -> DictConfig. cfg's other environment fields (rename, max_edits, reward) travel
+    in the rows (verl_rows). Reads verl's YAML, not verl."""
     import importlib.util
     from omegaconf import OmegaConf
     spec = importlib.util.find_spec('verl')
@@ -894,6 +959,11 @@ def verl_config(cfg, model_dir, prompt_length=256, response_length=192, gpus=1,
     rollout.calculate_log_probs = True
     rollout.multi_turn.max_assistant_turns = cfg.max_turns
     rollout.agent.default_agent_loop = VERL_AGENT_NAME
+    loops = os.path.abspath(os.path.join(directory, VERL_LOOP_FILE))
+    os.makedirs(directory, exist_ok=True)
+    OmegaConf.save(OmegaConf.create([{'name': VERL_AGENT_NAME,
+                                      '_target_': VERL_LOOP_TARGET}]), loops)
+    rollout.agent.agent_loop_config_path = loops
     ref.actor.ppo_micro_batch_size_per_gpu = micro_batch
     rollout.log_prob_micro_batch_size_per_gpu = micro_batch
     ref.ref.log_prob_micro_batch_size_per_gpu = micro_batch
@@ -903,13 +973,15 @@ def verl_config(cfg, model_dir, prompt_length=256, response_length=192, gpus=1,
 class OpenRLHFTextAgent:
     """One text-gym episode in OpenRLHF's agent protocol (async reset and step on state
     dicts; OpenRLHF's base class is added by openrlhf_executor): the dataset label is a
-    task index in tasks, renamed by renamer (a random.Random, or None) when given."""
+    task index in tasks, the gym make_text_env(cfg) (cfg an RLConfig; None: its
+    defaults), the task renamed by renamer (a random.Random, or None) when given."""
 
-    def __init__(self, tok, tasks, max_turns=3, gym=None, renamer=None):
+    def __init__(self, tok, tasks, cfg=None, renamer=None):
         self.tok, self.tasks, self.renamer = tok, tasks, renamer
-        self.cfg = arl.RLConfig(**{'max_turns': max_turns} | dict(gym or {}))
+        self.cfg = cfg or arl.RLConfig()
         self.closing = [tok.token_text(i) for i in tok.closing_ids]
         self.env, self.text, self.messages, self.task = None, '', [], None
+        self.earned = 0.0            # the episode's reward so far (see step)
 
     async def reset(self, states, **kwargs):
         """{'label': a task index, ...} -> {'observation': the prompt text}."""
@@ -923,19 +995,29 @@ class OpenRLHFTextAgent:
         self.env = make_text_env(self.cfg)
         self.messages = task_prompt(self.env, self.task)
         self.text = self.tok.render(self.messages, True)
+        self.earned = 0.0
         return {'observation': self.text}
 
     async def step(self, states, **kwargs):
         """{'action_text', ...} -> rewards, scores, environment_feedback, done and
         extra_logs (the episode's malformed calls so far: OpenRLHF keeps the last
-        step's)."""
+        step's). OpenRLHF's reward is the sum of the steps' rewards, and its loop may
+        stop after any step for lack of context, so each step's is the change in what
+        the episode has earned: at the end the gym's reward, before it the reward of
+        final_info(False) with context_full, as HFPolicy and the verl loop score an
+        episode the context cut (up to rounding); scores is the earned reward."""
         content = states['action_text']
         for stop in self.closing:                # if the engine kept it in the text
             content = content[:-len(stop)] if content.endswith(stop) else content
         observation, reward, done, info = self.env.step(content)
+        if not done:                   # what the episode earns if the loop stops here
+            reward = self.env.reward_fn(self.env.final_info(False) |
+                                        {'context_full': True})
+        step_reward, self.earned = reward - self.earned, reward
         feedback = '' if done else self._feedback(content, observation)
         malformed = sum(kind is not None for kind in self.env.malformed)
-        return {'rewards': torch.tensor(float(reward)),
+        # OpenRLHF adds the rewards up as Python floats (.item()): float64 keeps them
+        return {'rewards': torch.tensor(float(step_reward), dtype=torch.float64),
                 'scores': torch.tensor(float(reward)),
                 'environment_feedback': feedback, 'done': done,
                 'sampling_params': states.get('sampling_params'),
@@ -958,23 +1040,25 @@ class OpenRLHFTextAgent:
         return delta[len(stop):]
 
 
-def openrlhf_executor(tok, max_turns=3, split='train', gym=None, rename=True,
-                      seed=None):
+def openrlhf_executor(tok, cfg=None, split='train', seed=None):
     """OpenRLHF's AgentExecutor class: a MultiTurnAgentExecutor over OpenRLHFTextAgent,
-    the dataset label a task index in make_tasks(split), a random function name an
-    episode when rename (drawn from seed; None: fresh entropy in each engine); tok a
-    ChatTokenizer, a transformers tokenizer or a directory holding one -> the class."""
+    the dataset label a task index in make_tasks(split), the gym of cfg (an RLConfig;
+    None: its defaults), a random function name an episode when cfg.rename, drawn from
+    seed (None: fresh entropy in each engine; a seed: every engine, each loading the
+    class, draws the same sequence of names); tok a ChatTokenizer, a transformers
+    tokenizer or a directory holding one -> the class."""
     from openrlhf.utils.agent import AgentInstanceBase, MultiTurnAgentExecutor
     if isinstance(tok, (str, os.PathLike)):
         tok = _transformers().AutoTokenizer.from_pretrained(str(tok))
     tok = tok if isinstance(tok, ChatTokenizer) else ChatTokenizer(tok)
-    tasks, renamer = arl.make_tasks(split), random.Random(seed) if rename else None
+    cfg = cfg or arl.RLConfig()
+    tasks, renamer = arl.make_tasks(split), random.Random(seed) if cfg.rename else None
 
     class BugFixTextAgent(OpenRLHFTextAgent, AgentInstanceBase):
         """OpenRLHFTextAgent as OpenRLHF instantiates it: with no arguments."""
 
         def __init__(self, *args, **kwargs):
-            super().__init__(tok, tasks, max_turns, gym, renamer)
+            super().__init__(tok, tasks, cfg, renamer)
 
     class AgentExecutor(MultiTurnAgentExecutor):
         """What --train.agent_func_path's module defines (OpenRLHF instantiates it with
@@ -986,16 +1070,17 @@ def openrlhf_executor(tok, max_turns=3, split='train', gym=None, rename=True,
     return AgentExecutor
 
 
-def write_openrlhf_agent_file(path, model_dir, max_turns=3, split='train', rename=True,
-                              seed=None):
+def write_openrlhf_agent_file(path, model_dir, cfg, split='train', seed=None):
     """Write the module --train.agent_func_path names, defining AgentExecutor over the
-    tokenizer saved in model_dir (openrlhf_executor's other arguments) -> path."""
+    tokenizer saved in model_dir and the gym of the run's RLConfig cfg (its max_turns
+    and gym_fields, a callable reward by its import path); split and seed as in
+    openrlhf_executor (with a seed every engine draws the same names) -> path."""
     with open(path, 'w') as f:
         f.write(f'"""OpenRLHF agent module for the text BugFix gym."""\n'
                 f'from agentrl import hf\n\n'
-                f'AgentExecutor = hf.openrlhf_executor({str(model_dir)!r}, '
-                f'max_turns={max_turns}, split={split!r}, rename={rename!r}, '
-                f'seed={seed!r})\n')
+                f'cfg = hf.gym_config({gym_fields(cfg)!r}, max_turns={cfg.max_turns})\n'
+                f'AgentExecutor = hf.openrlhf_executor({str(model_dir)!r}, cfg, '
+                f'split={split!r}, seed={seed!r})\n')
     return str(path)
 
 
@@ -1003,9 +1088,10 @@ def openrlhf_flags(cfg, model_dir, agent_file, data_file, gpus=1, max_len=512,
                    vllm_memory=0.5):
     """Chapter 14's to_openrlhf flags plus the model, the agent module, the prompts
     (keys 'prompt' and 'label'), the context, and gpus GPUs per node shared by the
-    trainer, the reference and one vLLM engine a GPU (tensor parallel size 1; without
-    --vllm.num_engines OpenRLHF starts no engine and never loads the agent), which
-    sleep while the others work and take vllm_memory of a GPU when awake -> [str]."""
+    trainer, one vLLM engine a GPU (tensor parallel size 1; without
+    --vllm.num_engines OpenRLHF starts no engine and never loads the agent) and, when
+    cfg.kl_coef > 0 makes OpenRLHF build one, the reference; vLLM (vllm_memory of a
+    GPU when awake) and DeepSpeed sleep while the other works -> [str]."""
     return [*arl.to_openrlhf(cfg).options, '--actor.num_gpus_per_node', str(gpus),
             '--ref.num_gpus_per_node', str(gpus), '--vllm.num_engines', str(gpus),
             '--vllm.tensor_parallel_size', '1', '--train.colocate_all',

@@ -236,6 +236,41 @@ def test_a_model_that_changes_its_logits_unannounced_is_caught_by_the_probe(word
         hb.HFPolicy(model)
 
 
+def test_the_probe_runs_once_per_model(word_tok):
+    """TRLRollout builds an HFPolicy at every generation; the probe's two forward passes
+    run for the first only."""
+    model, calls = llama(word_tok), []
+    model.register_forward_hook(lambda module, args, out: calls.append(1))
+    hb.HFPolicy(model)
+    rollout = hb.TRLRollout(word_tok, TASKS[:2])
+    rollout.make_policy(model)
+    rollout.make_policy(model)
+    assert len(calls) == 1
+    hb.HFPolicy(llama(word_tok))        # another model is probed
+    with pytest.raises(ValueError, match='dropout is on'):     # the config is still read
+        model.config.attention_dropout = 0.1
+        hb.HFPolicy(model)
+
+
+def test_the_probe_takes_the_vocabulary_from_the_layer_not_a_zero3_shard(word_tok):
+    """Under DeepSpeed ZeRO-3 a process holds a shard of each weight, gathered only
+    around the layer's forward: the output layer's local weight may have shape [0]."""
+    model = llama(word_tok)
+    head, full = model.lm_head, model.lm_head.weight.data
+    head.weight.data = torch.empty(0, dtype=full.dtype)
+
+    def gather(module, args):
+        module.weight.data = full
+
+    def release(module, args, out):
+        module.weight.data = torch.empty(0, dtype=full.dtype)
+    head.register_forward_pre_hook(gather)
+    head.register_forward_hook(release)
+    assert head.weight.shape == (0,)
+    policy = hb.HFPolicy(model)                     # probed: vocabulary from the layer
+    assert policy.head(torch.zeros(2, 16)).shape == (2, len(word_tok))
+
+
 def test_head_gives_logits_in_float32_or_wider(word_tok):
     for dtype, want in [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
                         (torch.float64, torch.float64)]:

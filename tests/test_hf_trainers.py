@@ -270,9 +270,10 @@ def played(task, fn_name):
     return task if fn_name == task.fn_name else arl.randomize_names(task, _Drawn(fn_name))
 
 
-def gym_replay(task, turn_ids, tok, max_turns=3):
-    """The gym's reward and final info for the turns sampled (ids, stop id dropped)."""
-    env = hf.make_text_env(arl.RLConfig(max_turns=max_turns))
+def gym_replay(task, turn_ids, tok, cfg):
+    """The gym's reward and final info for the turns sampled (ids, stop id dropped), in
+    the gym of cfg (a driver's RLConfig fields)."""
+    env = hf.make_text_env(arl.RLConfig(**cfg))
     env.reset(task)
     for ids in turn_ids:
         text = tok.decode(ids[:-1] if ids[-1] in tok.stop_ids else ids)
@@ -297,6 +298,11 @@ def runs(flags):
 def test_verl_worker_runs_the_agent_loop_and_stops_at_tensordict(drivers):
     report = drivers('verl')
     assert report['placeholders'] == list(drv.VERL_MISSING)
+    # the worker found the loop in the file verl_config wrote (the driver registered
+    # nothing), as verl's Ray actors, in processes of their own, must
+    assert report['loop_file'].endswith('/' + hf.VERL_LOOP_FILE)
+    assert report['loop_entry'] == {'name': 'bugfix_text',
+                                    '_target_': 'agentrl.hf.BugFixTextAgentLoop'}
     assert len(report['episodes']) == 4                  # 2 tasks x rollout.n 2
     # verl's dataset read one row per task; its trainer's uid makes the group
     assert [(ep['index'], ep['uid']) for ep in report['episodes']] == [
@@ -337,11 +343,12 @@ def test_verl_config_is_the_rlconfig_and_verl_accepts_it(drivers):
         'actor_rollout_ref.actor.optim.lr': 1e-6, 'trainer.n_gpus_per_node': 1}
 
 
-def test_verl_config_applies_to_verl_and_keeps_the_length_links():
+def test_verl_config_applies_to_verl_and_keeps_the_length_links(tmp_path):
     from omegaconf import OmegaConf
     cfg = arl.RLConfig(group_size=4, prompts_per_step=8, minibatches=2, max_turns=5,
                        temperature=0.9, lr=1e-6, kl_coef=0.01)
-    config = tr.verl_config(cfg, 'M', prompt_length=300, response_length=700, gpus=2)
+    config = tr.verl_config(cfg, 'M', tmp_path / 'run', prompt_length=300,
+                            response_length=700, gpus=2)
     rollout = config.actor_rollout_ref.rollout
     assert (rollout.n, rollout.temperature, rollout.multi_turn.max_assistant_turns) == \
         (4, 0.9, 5)
@@ -353,6 +360,12 @@ def test_verl_config_applies_to_verl_and_keeps_the_length_links():
     assert raw['prompt_length'] == '${oc.select:data.max_prompt_length,512}'
     assert raw['response_length'] == '${oc.select:data.max_response_length,512}'
     assert (rollout.tensor_model_parallel_size, rollout.n_gpus_per_node) == (1, 2)
+    # the loop's entry, in the file verl's AgentLoopWorker reads in its own process
+    path = tmp_path / 'run' / hf.VERL_LOOP_FILE
+    assert rollout.agent.agent_loop_config_path == str(path)
+    assert rollout.agent.default_agent_loop == 'bugfix_text'
+    assert OmegaConf.to_container(OmegaConf.load(path)) == [
+        {'name': 'bugfix_text', '_target_': 'agentrl.hf.BugFixTextAgentLoop'}]
 
 
 def test_verl_loop_renames_each_episode(drivers):
@@ -364,10 +377,14 @@ def test_verl_loop_renames_each_episode(drivers):
 
 def test_verl_reward_is_the_gyms(drivers):
     episodes = drivers('verl')['episodes']
-    assert [ep['reward'] for ep in episodes] == [1.0, 0.0, 0.0, 0.0]   # 1st is scripted
+    # the scripted 1st needs the two edits of the driver's cfg: its rows carry them
+    assert [ep['reward'] for ep in episodes] == [1.0, 0.0, 0.0, 0.0]
+    assert episodes[0]['gym_info']['ops'][-1] == TASKS[0].fix_op
+    assert all(ep['gym'] == {'rename': True, 'max_edits': 2, 'reward': 'hidden'}
+               for ep in episodes)
     for ep in episodes:
         reward, info = gym_replay(played(TASKS[ep['index']], ep['fn_name']), ep['turns'],
-                                  drivers.tok)
+                                  drivers.tok, drv.VERL_CFG)
         assert ep['reward'] == reward
         assert ep['gym_info']['actions'] == info['actions']
 
@@ -376,7 +393,7 @@ def test_verl_layout_is_chapter_21s(drivers):
     """prompt + response ids and the mask are HFPolicy's layout of the same turns."""
     tok = drivers.tok
     for ep in drivers('verl')['episodes']:
-        env = hf.make_text_env(arl.RLConfig(max_turns=3))
+        env = hf.make_text_env(arl.RLConfig(**drv.VERL_CFG))
         task = played(TASKS[ep['index']], ep['fn_name'])
         chat = hf.ChatTranscript(tok, env.system, env.reset(task))
         assert chat.ids == ep['prompt']
@@ -401,6 +418,7 @@ def test_openrlhf_cli_parses_the_flags_up_to_ray_init(drivers):
             args['train.batch_size']) == (2, 2, 4)
     assert args['algo.advantage.estimator'] == 'group_norm'
     assert args['actor.entropy_coef'] == 0.01 and args['data.label_key'] == 'label'
+    assert args['algo.kl.init_coef'] == 0.0     # no KL: OpenRLHF builds no reference
     # one vLLM engine (without it OpenRLHF starts none and never loads the agent),
     # colocated with the trainer on the one GPU, both sleeping while the other works
     assert (args['vllm.num_engines'], args['vllm.tensor_parallel_size']) == (1, 1)
@@ -423,8 +441,8 @@ def test_openrlhf_action_mask_is_1_on_exactly_the_models_tokens(drivers):
 
 def test_openrlhf_scripted_episode_is_laid_out_as_chapter_21(drivers):
     tok = drivers.tok
-    ep = drivers('openrlhf')['episodes'][0]            # read, the fix, submit
-    env = hf.make_text_env(arl.RLConfig(max_turns=3))
+    ep = drivers('openrlhf')['episodes'][0]            # an idle edit, the fix, submit
+    env = hf.make_text_env(arl.RLConfig(**drv.OPENRLHF_CFG))
     assert ep['fn_name'] != TASKS[0].fn_name          # renamed by the agent's reset
     chat = hf.ChatTranscript(tok, env.system, env.reset(played(TASKS[0], ep['fn_name'])))
     for ids in ep['turns']:
@@ -437,14 +455,18 @@ def test_openrlhf_scripted_episode_is_laid_out_as_chapter_21(drivers):
 
 def test_openrlhf_rewards_are_the_gyms(drivers):
     episodes = drivers('openrlhf')['episodes']
+    # the scripted 1st needs the two edits of the driver's cfg, written in the agent file
     assert [ep['reward'] for ep in episodes] == [1.0, 0.0]
     for ep in episodes:
         task = played(TASKS[int(ep['label'])], ep['fn_name'])
-        reward, info = gym_replay(task, ep['turns'], drivers.tok)
-        assert ep['reward'] == reward
+        reward, info = gym_replay(task, ep['turns'], drivers.tok, drv.OPENRLHF_CFG)
+        assert ep['reward'] == ep['scores'] == reward
         # OpenRLHF keeps the last step's extra_logs: the episode's count of malformed
         assert ep['extra_logs']['malformed'] == sum(map(arl.is_malformed, info['actions']))
-    assert episodes[1]['extra_logs']['malformed'] == 3     # the sampled one: every turn
+    # the sampled one: malformed every turn, until the cfg's turn budget (not the
+    # agent's default) ended it
+    assert len(episodes[1]['turns']) == drv.OPENRLHF_CFG['max_turns']
+    assert episodes[1]['extra_logs']['malformed'] == drv.OPENRLHF_CFG['max_turns']
 
 
 def test_bad_rows_and_episodes_are_named():
@@ -452,10 +474,13 @@ def test_bad_rows_and_episodes_are_named():
         tr.verl_task({'split': 'train'})
     task, gym = tr.verl_task({'split': 'train', 'index': 3, 'gym': {'max_edits': 2}})
     assert task == TASKS[3] and gym == {'max_edits': 2}
-    # dataset rows: one a task (verl repeats each rollout.n times under one uid)
-    rows = tr.verl_rows('train', [0, 1], gym={'rename': False})
+    # dataset rows: one a task (verl repeats each rollout.n times under one uid), each
+    # with the run's environment settings
+    cfg = arl.RLConfig(rename=False, max_edits=None, reward='public', max_turns=4)
+    rows = tr.verl_rows('train', [0, 1], cfg)
+    gym = {'rename': False, 'max_edits': None, 'reward': 'public'}
     assert [r['extra_info'] for r in rows] == [
-        {'split': 'train', 'index': i, 'gym': {'rename': False}} for i in (0, 1)]
+        {'split': 'train', 'index': i, 'gym': gym} for i in (0, 1)]
     assert {r['agent_name'] for r in rows} == {tr.VERL_AGENT_NAME}
     assert rows[1]['prompt'] == tr.task_prompt(hf.TextBugFixEnv(), TASKS[1])
     empty = arl.Trajectory(torch.tensor([1, 2, 3]), torch.zeros(2, dtype=arl.DTYPE), 0.0,
@@ -487,6 +512,30 @@ def verl_play(tok, server, prompt_limit=None):
                                        prompt_limit))
 
 
+ENV_FIELDS = ('max_turns', 'rename', 'max_edits', 'reward')
+
+
+def env_fields(cfg):
+    return {key: getattr(cfg, key) for key in ENV_FIELDS}
+
+
+def test_the_environment_settings_travel_by_value_and_rewards_by_import_path():
+    cfg = arl.RLConfig(max_turns=5, rename=False, max_edits=2,
+                       reward=arl.partial_credit)
+    fields = tr.gym_fields(cfg)
+    assert fields == {'rename': False, 'max_edits': 2,
+                      'reward': 'agentrl.rewards:partial_credit'}
+    assert env_fields(tr.gym_config(fields, 5)) == env_fields(cfg)
+    # what verl's loop rebuilds from a row, with verl's turn budget
+    task, gym = tr.verl_task(tr.verl_rows('train', [2], cfg)[0]['extra_info'])
+    assert task == TASKS[2] and env_fields(tr.gym_config(gym, 5)) == env_fields(cfg)
+    assert tr.gym_config(None, 3) == arl.RLConfig(max_turns=3)
+    with pytest.raises(ValueError, match='cannot be imported by name'):
+        tr.gym_fields(arl.RLConfig(reward=lambda info: 1.0))
+    with pytest.raises(ValueError, match="'no.such:reward' is neither"):
+        tr.gym_config({'reward': 'no.such:reward'}, 3)
+
+
 def test_verl_episode_names_missing_log_probs_aborts_and_long_prompts(tok):
     stop = min(tok.stop_ids)
     read = tok.encode('<call>read</call>') + [stop]
@@ -494,8 +543,15 @@ def test_verl_episode_names_missing_log_probs_aborts_and_long_prompts(tok):
         verl_play(tok, FixedServer(token_ids=read, log_probs=None))
     with pytest.raises(RuntimeError, match=rf'returned 2 log-probs for {len(read)} tok'):
         verl_play(tok, FixedServer(token_ids=read, log_probs=[-1.0, -1.0]))
-    with pytest.raises(RuntimeError, match=r"no token \(stop_reason 'aborted'\)"):
-        verl_play(tok, FixedServer(token_ids=[], log_probs=[], stop_reason='aborted'))
+    with pytest.raises(RuntimeError, match=r"was aborted \(stop_reason 'aborted'\) "
+                                           r"after 0 token"):
+        verl_play(tok, FixedServer(token_ids=[], log_probs=None, stop_reason='aborted'))
+    # verl's vLLM server also returns the tokens of a request aborted midway
+    with pytest.raises(RuntimeError, match=rf"'aborted'\) after {len(read) - 1} token"):
+        verl_play(tok, FixedServer(token_ids=read[:-1], log_probs=[-1.0] * (len(read) - 1),
+                                   stop_reason='aborted'))
+    with pytest.raises(RuntimeError, match=r"no token \(stop_reason None\)"):
+        verl_play(tok, FixedServer(token_ids=[], log_probs=[]))
     chat, prompt_len, reward, info = verl_play(
         tok, FixedServer(token_ids=read, log_probs=[-1.0] * len(read)))
     assert reward == 0.0 and info['actions'] == ['read'] * 3
@@ -519,7 +575,7 @@ def test_openrlhf_agent_strips_only_the_templates_closing_token(tok):
     """A stop token the template does not write (</call>) stays in the turn; the one it
     writes (<|im_end|>) is cut from the text and from the feedback's start."""
     two = hf.ChatTokenizer(tok.hf, stop_tokens=['</call>', '<|im_end|>'])
-    agent = hf.OpenRLHFTextAgent(two, TASKS, max_turns=3)
+    agent = hf.OpenRLHFTextAgent(two, TASKS, arl.RLConfig(max_turns=3))
     results = agent_turn(agent, '0', ['<call>read</call>', '<call>test</call><|im_end|>'])
     assert agent.env.malformed == [None, None]
     assert agent.env.inner.actions == ['read', 'test']
@@ -539,7 +595,8 @@ def test_openrlhf_agent_strips_only_the_templates_closing_token(tok):
 
 def test_openrlhf_agent_logs_the_episodes_malformed_calls_and_renames(tok):
     import random
-    agent = hf.OpenRLHFTextAgent(tok, TASKS, max_turns=3, renamer=random.Random(0))
+    agent = hf.OpenRLHFTextAgent(tok, TASKS, arl.RLConfig(max_turns=3),
+                                 renamer=random.Random(0))
     results = agent_turn(agent, '2', ['hello', '<call>read</call>', 'bye'])
     assert [r['extra_logs']['malformed'] for r in results] == [1.0, 1.0, 2.0]
     assert results[-1]['done'] and agent.task.name == TASKS[2].name
@@ -547,6 +604,28 @@ def test_openrlhf_agent_logs_the_episodes_malformed_calls_and_renames(tok):
     assert f'the function {agent.task.fn_name} returns' in agent.text
     with pytest.raises(ValueError, match=r"label '99' is no task index"):
         agent_turn(agent, '99', [])
+
+
+def test_openrlhf_step_rewards_add_up_to_the_reward_wherever_the_loop_stops(tok):
+    """OpenRLHF sums the steps' rewards and may stop after any step when the context
+    is full: the sum so far is then what HFPolicy and verl give such an episode."""
+    cfg = arl.RLConfig(max_turns=4, reward=arl.turn_cost_reward)
+    agent = hf.OpenRLHFTextAgent(tok, TASKS, cfg)
+    texts = ['<call>read</call>', f'<call>edit {TASKS[0].fix_op}</call>',
+             '<call>submit</call>']
+    results, total = agent_turn(agent, '0', texts), 0.0
+    for k, result in enumerate(results):
+        total += result['rewards'].item()              # as OpenRLHF adds them up
+        assert total == pytest.approx(result['scores'].item(), abs=1e-7)   # float32
+        if not result['done']:               # a context-full ending after turn k + 1
+            env = hf.make_text_env(cfg)
+            env.reset(TASKS[0])
+            for text in texts[:k + 1]:
+                env.step(text)
+            cut = env.reward_fn(env.final_info(False) | {'context_full': True})
+            assert cut == pytest.approx(-0.05 * (k + 1), abs=1e-12)
+            assert total == pytest.approx(cut, abs=1e-12)
+    assert results[-1]['done'] and total == pytest.approx(1.0 - 0.05 * 3, abs=1e-12)
 
 
 def test_openrlhf_flags_and_agent_file(tmp_path):
@@ -559,8 +638,17 @@ def test_openrlhf_flags_and_agent_file(tmp_path):
                         ('--ref.num_gpus_per_node', '2')]:
         assert flags[flags.index(flag) + 1] == value, flag
     assert {'--train.colocate_all', '--vllm.enable_sleep'} <= set(flags)
-    path = tr.write_openrlhf_agent_file(tmp_path / 'agent.py', tmp_path / 'model', seed=3)
+    # no KL: OpenRLHF builds no reference model (its --ref flags then go unused)
+    assert flags[flags.index('--algo.kl.init_coef') + 1] == '0.0'
+    run = arl.RLConfig(max_turns=5, rename=False, max_edits=2, reward=arl.partial_credit)
+    path = tr.write_openrlhf_agent_file(tmp_path / 'agent.py', tmp_path / 'model', run,
+                                        seed=3)
     text = open(path).read()
-    assert 'from agentrl import hf' in text and 'AgentExecutor = hf.openrlhf_executor(' in text
-    assert 'rename=True, seed=3)' in text
     compile(text, path, 'exec')
+    assert 'from agentrl import hf' in text
+    assert "AgentExecutor = hf.openrlhf_executor(" in text and "seed=3)" in text
+    # the module's gym is the run's: evaluate its cfg line as the engine would
+    line = next(line for line in text.splitlines() if line.startswith('cfg = '))
+    names = {'hf': hf}
+    exec(line, names)
+    assert env_fields(names['cfg']) == env_fields(run)

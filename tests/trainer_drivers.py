@@ -165,8 +165,22 @@ def _frame_in(exc, package):
     return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({f.name})"
 
 
+# the drivers' RLConfigs: two edits an episode (the default is one), so that the scripted
+# episode below, an idle edit, the fix and submit, passes only if the trainer's gym
+# follows cfg; OpenRLHF's turn budget differs from the agent's default too
 VERL_CFG = dict(group_size=2, prompts_per_step=2, minibatches=1, max_turns=3,
-                entropy_coef=0.01, temperature=0.7, lr=1e-6)
+                max_edits=2, entropy_coef=0.01, temperature=0.7, lr=1e-6)
+OPENRLHF_CFG = dict(group_size=2, prompts_per_step=2, minibatches=1, max_turns=4,
+                    max_edits=2, entropy_coef=0.01)
+
+
+def idle_then_fix(task):
+    """Turn texts that spend an edit on an op that leaves task's source as it is,
+    apply the fix and submit: a pass with two edits, a fail with one."""
+    idle = next(op for op, edit in arl.EDIT_OPS.items()
+                if edit(task.source, task.public_tests) == task.source)
+    return [f'<call>edit {idle}</call>', f'<call>edit {task.fix_op}</call>',
+            '<call>submit</call>']
 
 
 def verl_worker_rows(config, dataset_rows, directory):
@@ -199,26 +213,34 @@ def verl_worker_rows(config, dataset_rows, directory):
 
 def verl_drive(model_dir, indices=(0, 1), seed=0):
     """Run the agent loop through verl's own AgentLoopWorker (built by its __init__ from
-    hf.verl_config, which verl's validate_config accepts) with a LocalTokenServer (the
-    first episode scripted to fix its bug, the others sampled) on the rows verl's
-    dataset and trainer make of hf.verl_rows: _run_agent_loop on each, then
-    generate_sequences until it stops -> JSON-able report. Needs VERL_MISSING."""
+    hf.verl_config, which verl's validate_config accepts, the loop found through the
+    file verl_config names) with a LocalTokenServer (the first episode scripted to fix
+    its bug, the others sampled) on the rows verl's dataset and trainer make of
+    hf.verl_rows: _run_agent_loop on each, then generate_sequences until it stops ->
+    JSON-able report. Needs VERL_MISSING."""
     import tempfile
     import transformers
+    from omegaconf import OmegaConf
     from verl.experimental.agent_loop.agent_loop import (AgentLoopWorker,
+                                                         _agent_loop_registry,
                                                          get_trajectory_info)
     from verl.utils.config import validate_config
-    hf.BugFixTextAgentLoop.renamer.seed(seed)              # registers 'bugfix_text'
-    cfg = arl.RLConfig(**VERL_CFG)
-    config = hf.verl_config(cfg, model_dir)
+    hf.BugFixTextAgentLoop.renamer.seed(seed)              # builds the class
+    # verl's workers are Ray actors in processes of their own, where no registration
+    # made here exists: the worker must find the loop in the file verl_config wrote
+    _agent_loop_registry.pop(hf.VERL_AGENT_NAME, None)
+    cfg, work = arl.RLConfig(**VERL_CFG), tempfile.mkdtemp(prefix='verl-')
+    config = hf.verl_config(cfg, model_dir, work)
     validate_config(config, use_reference_policy=False, use_critic=False)
     tok = hf.ChatTokenizer(transformers.AutoTokenizer.from_pretrained(model_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
                                                               dtype=torch.float64)
     server = LocalTokenServer(hf.HFPolicy(model), tok, seed)
     worker = AgentLoopWorker(config, llm_client=server)
-    batch, rows = verl_worker_rows(config, hf.verl_rows('train', indices),
-                                   tempfile.mkdtemp(prefix='verl-rows-'))
+    entry = _agent_loop_registry.get(hf.VERL_AGENT_NAME)
+    loop_entry = None if entry is None else OmegaConf.to_container(OmegaConf.create(
+        entry))
+    batch, rows = verl_worker_rows(config, hf.verl_rows('train', indices, cfg), work)
     params = dict(temperature=cfg.temperature, top_p=1.0, top_k=-1,
                   repetition_penalty=1.0, logprobs=True)
     loop = asyncio.new_event_loop()
@@ -227,8 +249,8 @@ def verl_drive(model_dir, indices=(0, 1), seed=0):
     episodes, task = [], arl.make_tasks('train')[indices[0]]
     for k, (row, trajectory) in enumerate(zip(rows, info)):
         start = len(server.requests)
-        if k == 0:                          # the first episode fixes the bug and submits
-            server.script = [f'<call>edit {task.fix_op}</call>', '<call>submit</call>']
+        if k == 0:                  # the first episode: an idle edit, the fix, submit
+            server.script = idle_then_fix(task)
         out = loop.run_until_complete(worker._run_agent_loop(params, trajectory, **row))
         episodes.append(dict(
             prompt=out.prompt_ids[out.attention_mask[0, :out.prompt_ids.shape[1]].bool()
@@ -239,9 +261,12 @@ def verl_drive(model_dir, indices=(0, 1), seed=0):
             logprobs=out.response_logprobs[0].tolist(), reward=out.reward_score,
             gym_info=out.extra_fields['gym_info'], index=int(row['index']),
             uid=row['uid'], fn_name=out.extra_fields['fn_name'],
+            gym=dict(row['extra_info']['gym']),
             turns=[ids for _, ids in server.requests[start:]]))
     rollout = config.actor_rollout_ref.rollout
     report = dict(episodes=episodes, response_length=rollout.response_length,
+                  loop_file=rollout.agent.agent_loop_config_path, loop_entry=loop_entry,
+                  loop_file_text=open(rollout.agent.agent_loop_config_path).read(),
                   pad_id=worker.tokenizer.pad_token_id, validated=True,
                   config={key: _select(config, key) for key in (
                       'actor_rollout_ref.rollout.n', 'algorithm.adv_estimator',
@@ -324,14 +349,13 @@ def openrlhf_drive(model_dir, seed=0):
     from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator
     from openrlhf.trainer.ray import vllm_engine
     work = tempfile.mkdtemp(prefix='openrlhf-agent-')
+    cfg = arl.RLConfig(**OPENRLHF_CFG)
     agent_file = hf.write_openrlhf_agent_file(os.path.join(work, 'agent.py'), model_dir,
-                                              seed=seed)
+                                              cfg, seed=seed)
     data_file = os.path.join(work, 'prompts.jsonl')
     with open(data_file, 'w') as f:
         for i in range(2):
             f.write(json.dumps({'prompt': f'task {i}', 'label': str(i)}) + '\n')
-    cfg = arl.RLConfig(group_size=2, prompts_per_step=2, minibatches=1, max_turns=3,
-                       entropy_coef=0.01)
     args = openrlhf_parse(hf.openrlhf_flags(cfg, model_dir, agent_file, data_file))
     report = dict(args={k: _dotted(args, k) for k in (
         'train.agent_func_path', 'reward.remote_url', 'rollout.n_samples_per_prompt',
@@ -341,7 +365,7 @@ def openrlhf_drive(model_dir, seed=0):
         'rollout.max_new_tokens', 'algo.advantage.is_correction_level',
         'vllm.num_engines', 'vllm.tensor_parallel_size', 'train.colocate_all',
         'vllm.enable_sleep', 'ds.enable_sleep', 'actor.num_gpus_per_node',
-        'ref.num_gpus_per_node', 'vllm.gpu_memory_utilization')})
+        'ref.num_gpus_per_node', 'vllm.gpu_memory_utilization', 'algo.kl.init_coef')})
     executor = vllm_engine._load_agent_executor(agent_file)
     tok = hf.ChatTokenizer(transformers.AutoTokenizer.from_pretrained(model_dir))
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir,
@@ -352,9 +376,7 @@ def openrlhf_drive(model_dir, seed=0):
         .generate_responses
     params = types.SimpleNamespace(temperature=cfg.temperature, max_tokens=None,
                                    logprobs=1)
-    task = arl.make_tasks('train')[0]
-    engine.script = ['<call>read</call>', f'<call>edit {task.fix_op}</call>',
-                     '<call>submit</call>']
+    engine.script = idle_then_fix(arl.make_tasks('train')[0])
     loop, episodes = asyncio.new_event_loop(), []
     for label in ('0', '1'):                   # label 0 scripted, label 1 sampled
         start = len(engine.requests)
