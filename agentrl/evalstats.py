@@ -27,7 +27,7 @@ __all__ = [
     'majority_vote_expected',
     'submitted_program',
     'probe_inputs',
-    'behaviour',
+    'program_behavior',
     'pass_hat_k',
     'Greedy',
 ]
@@ -335,7 +335,7 @@ def probe_inputs(task, count=16, seed=0):
     return [family['args'](rng) for _ in range(count)]
 
 
-def behaviour(source, fn_name, inputs):
+def program_behavior(source, fn_name, inputs):
     """What fn_name in source returns on each input, 'error' or 'timeout' where it
     does not return -> tuple [len(inputs)]; None for no source."""
     if source is None:

@@ -745,13 +745,13 @@ def test_behaviour_groups_equivalent_programs():
     a = 'def f(n):\n    return n * 2\n'
     b = 'def f(n):\n    total = n\n    total = total + n\n    return total\n'
     c = 'def f(n):\n    return n * 3\n'
-    assert arl.behaviour(a, 'f', inputs) == (6, -4, 0) == arl.behaviour(b, 'f', inputs)
-    assert arl.behaviour(c, 'f', inputs) == (9, -6, 0)
-    assert arl.behaviour('def f(n):\n    return 1 // n\n', 'f', inputs)[2] == 'error'
+    assert arl.program_behavior(a, 'f', inputs) == (6, -4, 0) == arl.program_behavior(b, 'f', inputs)
+    assert arl.program_behavior(c, 'f', inputs) == (9, -6, 0)
+    assert arl.program_behavior('def f(n):\n    return 1 // n\n', 'f', inputs)[2] == 'error'
     loop = 'def f(n):\n    while True:\n        n = n + 1\n'
-    assert arl.behaviour(loop, 'f', inputs[:1]) == ('timeout',)
-    assert arl.behaviour('def f(n):\n    pass\n', 'f', inputs[:1]) == (None,)
-    assert arl.behaviour(None, 'f', inputs) is None
+    assert arl.program_behavior(loop, 'f', inputs[:1]) == ('timeout',)
+    assert arl.program_behavior('def f(n):\n    pass\n', 'f', inputs[:1]) == (None,)
+    assert arl.program_behavior(None, 'f', inputs) is None
 
 
 def test_greedy_decoder_is_one_hot_at_the_argmax(sampled_setup):

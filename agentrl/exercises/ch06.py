@@ -155,7 +155,8 @@ def derive_check_6_3():
 
 def derive_check_6_1_token_mean():
     """Scope: the factor 1 - 1/K is exact for the estimator averaged over episodes, not for
-    reinforce_step's token_mean, which weighs episode i by n_i / N. One task, two ops: op 0
+    reinforce_step's token_mean, which weighs every policy token by 1 / N, N the batch's
+    policy tokens, so the one choice token of episode i gets 1 / N. One task, two ops: op 0
     passes in 2 policy tokens, op 1 fails in 6 (only the first token is a choice)."""
     p = torch.tensor([0.3, -0.2], dtype=D).softmax(-1)
     R, n = torch.tensor([1.0, 0.0], dtype=D), torch.tensor([2.0, 6.0], dtype=D)
@@ -167,7 +168,8 @@ def derive_check_6_1_token_mean():
             for batch in itertools.product(range(2), repeat=K):
                 a = torch.tensor(batch)
                 r = R[a]
-                w = torch.full((K,), 1 / K, dtype=D) if mode == 'episode mean' else n[a] / n[a].sum()
+                scale = 1 / K if mode == 'episode mean' else 1 / n[a].sum().item()
+                w = torch.full((K,), scale, dtype=D)
                 score = torch.eye(2, dtype=D)[a] - p
                 total += p[a].prod() * ((w * (r - r.mean()))[:, None] * score).sum(0)
             ratio[mode] = (total / exact)[0].item()

@@ -280,7 +280,7 @@ CHECKS = [
          check=check_17_5,
          wrong=[wrong_17_5_without_replacement, wrong_17_5_normal, wrong_17_5_ties_wrong],
          summary='the wrong-winner rate of k-seed studies drawn with replacement, exactly'),
-    dict(number='17.6', name='best_of_n_by_score', solution=solution_17_6, check=check_17_6,
+    dict(number='17.6', name='best_of_n_random_ties', solution=solution_17_6, check=check_17_6,
          wrong=[wrong_17_6_best_overall, wrong_17_6_first_of_ties, wrong_17_6_pass_only],
          summary='best-of-n by a verifier score with random tie-breaks, exactly'),
 ]
