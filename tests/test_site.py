@@ -4,8 +4,8 @@ Select with `pytest -m site`; skip with `-m "not site"`. Needs /usr/bin/chromium
 `chromium` package; tools/test_all.sh installs it). Screenshots go to _build/smoke/.
 
 Besides links, images, offline assets and math, the smoke test of the book holds (issue 14):
-no <pre> wider than its box at 1280 and 1600 px and room for 88 characters of code on every
-page; the site's search finds every chapter by a word only that chapter uses; the generated API
+no <pre> wider than its box at 1280 and 1600 px (pages without notebook cells at 1280 only,
+the narrower content column) and room for 88 characters of code on every page; the site's search finds every chapter by a word only that chapter uses; the generated API
 page lists every public name of the package, linked both ways to the chapters; and the notebook a
 reader downloads from a chapter page runs after `pip install` of the package, outside the
 repository.
@@ -13,6 +13,7 @@ repository.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import shutil
@@ -109,6 +110,42 @@ def test_smoke_catches_broken_links_and_images(fixture_site, tmp_path):
     assert "```{note}" in raw[1] and "fine in code" not in problems
 
 
+def _canned_page(code_client: int, width: int) -> str:
+    """A dumped DOM as dump_dom returns it, with a measuring report for one window width."""
+    report = {"width": width, "pres": 1, "clipped": [],
+              "probes": {"code": {"scroll": 10, "client": code_client, "capacity": 95,
+                                  "font": "13px mono"}}}
+    return (f'<html><head><title>t</title></head><body><h1>x</h1><script type='
+            f'"application/json" id="agentrl-smoke-report">{json.dumps(report)}</script>'
+            f'</body></html>')
+
+
+def test_pages_without_cells_are_opened_at_the_narrowest_width_only(tmp_path, monkeypatch):
+    (tmp_path / "cells.html").write_text('<div class="cell docutils container">x</div>')
+    (tmp_path / "prose.html").write_text('<p>no cells; a class="cell_output" is not one</p>')
+    assert smoke.page_widths(tmp_path / "cells.html") == smoke.WIDTHS
+    assert smoke.page_widths(tmp_path / "prose.html") == (min(smoke.WIDTHS),)
+    opened = []
+
+    def fake_dump(url, budget_ms=10000, width=None):
+        opened.append((url.split("?")[0].rsplit("/", 1)[-1], width))
+        return _canned_page(800 + (width or 0) // 10, width)
+
+    monkeypatch.setattr(smoke, "dump_dom", fake_dump)
+    report = smoke.smoke(tmp_path, ["cells.html", "prose.html"])
+    assert report == {"cells.html": [], "prose.html": []}, report
+    assert opened == [("cells.html", w) for w in smoke.WIDTHS] + [("prose.html", 1280)]
+
+
+def test_smoke_flags_a_code_box_that_narrows_at_a_wider_window(tmp_path, monkeypatch):
+    """The premise of checking cell-less pages at one width, tested where cells exist."""
+    (tmp_path / "cells.html").write_text('<div class="cell docutils container">x</div>')
+    monkeypatch.setattr(smoke, "dump_dom", lambda url, budget_ms=10000, width=None:
+                        _canned_page(900 - (width or 0) // 10, width))
+    problems = smoke.smoke(tmp_path, ["cells.html"])["cells.html"]
+    assert len(problems) == 1 and "narrower at a wider window" in problems[0], problems
+
+
 def test_raw_markup_reads_prose_only():
     page = ('<p>See {glue:text}`x` and {ref}`y`.</p><div class="cell_output"><pre>{eq}`z`'
             '</pre></div><span class="math">{eq}`w`</span><code>{numref}`v`</code>'
@@ -185,7 +222,8 @@ def chapter_terms(book_site) -> dict[str, str]:
 
 
 def test_book_site_builds_strictly_and_passes_smoke(book_site, chapter_terms):
-    """Every page: links, images, offline assets, math, nothing clipped at 1280 and 1600 px,
+    """Every page: links, images, offline assets, math, nothing clipped at 1280 and 1600 px
+    (a page without notebook cells at 1280 only),
     room for 88 characters; and the search finds every chapter by a word only it uses."""
     pages = smoke.toc_pages(REPO)
     assert "book/api.html" in pages

@@ -21,7 +21,11 @@ reports every ``<pre>`` (code cell, output, literal block) whose content is wide
 ``LINE_LIMIT`` (88) characters fits in the first code-cell and output box of the page (the
 line-length rule; tests/test_line_length.py enforces it on the chapters themselves). The room
 comes from _static/agentrl.css. Chromium runs with --hide-scrollbars; a classic 15-px scrollbar
-still leaves room for 88 characters at 1280 px (the measured capacity is 90).
+still leaves room for 88 characters at 1280 px (the measured capacity is 90). A page without
+notebook cells (the front page, the API page, the solutions) is opened at the narrowest width
+only: its only layout check is clipping, and the content column only widens with the window.
+That premise is itself checked on every page with cells: its first code box may not be
+narrower at a wider window.
 
 Search: ``search(site, term)`` runs the site's own search page in Chromium and returns the
 pages it lists; ``smoke(..., searches={term: page})`` checks that each term finds its page.
@@ -358,11 +362,19 @@ def check_page(server_url: str, html_dir: Path, page: str, _id_cache: dict | Non
     url = urljoin(server_url, page)
     problems: list[str] = []
     dom = None
+    code_box = {}                                   # width -> client width of the code box
     for width in widths:
         raw = dump_dom(url + "?" + MEASURE_QUERY, width=width)
-        problems += layout_problems(measured(raw), width)
+        report = measured(raw)
+        problems += layout_problems(report, width)
+        if report and "code" in report["probes"]:
+            code_box[width] = report["probes"]["code"]["client"]
         if dom is None:
             dom = parse(raw)
+    boxes = [code_box[w] for w in sorted(code_box)]
+    if any(b < a for a, b in zip(boxes, boxes[1:])):
+        problems.append(f"the code box is narrower at a wider window ({code_box}): pages "
+                        f"without cells must then be checked at every width")
     if dom is None:
         dom = parse(dump_dom(url))
     static = parse((html_dir / page).read_text(encoding="utf-8"))
@@ -416,6 +428,18 @@ def check_page(server_url: str, html_dir: Path, page: str, _id_cache: dict | Non
     return problems, dom
 
 
+def has_cells(html_file: Path) -> bool:
+    """Whether a built page holds notebook cells (myst-nb's ``cell`` containers)."""
+    return 'class="cell ' in html_file.read_text(encoding="utf-8")
+
+
+def page_widths(html_file: Path, widths: tuple[int, ...] = WIDTHS) -> tuple[int, ...]:
+    """The window widths to open a page at: all of them for a page with notebook cells, the
+    narrowest for one without (clipping is its only layout check, and the content column
+    widens with the window; check_page tests that premise on the pages with cells)."""
+    return tuple(widths) if has_cells(html_file) else (min(widths),)
+
+
 def smoke(html_dir: Path, pages: list[str], screenshot_page: str | None = None,
           screenshot_out: Path | None = None, searches: dict[str, str] | None = None,
           widths: tuple[int, ...] = WIDTHS) -> dict[str, list[str]]:
@@ -429,7 +453,8 @@ def smoke(html_dir: Path, pages: list[str], screenshot_page: str | None = None,
             if not (html_dir / page).is_file():
                 report[page] = ["page was not built"]
                 continue
-            report[page], _ = check_page(srv.url, html_dir, page, cache, widths)
+            report[page], _ = check_page(srv.url, html_dir, page, cache,
+                                         page_widths(html_dir / page, widths))
         if searches:
             found = []
             for term, want in searches.items():
