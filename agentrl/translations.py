@@ -35,8 +35,8 @@ OPENRLHF_LOSS = {'token_mean': 'token-mean',
                  'seq_mean_token_mean': 'seq-mean-token-mean'}
 VERL_KL = {'k1': 'kl', 'k2': 'mse', 'k3': 'low_var_kl'}
 OVERLONG_IN_TURNS = 'our buffer counts turns, the trainers\' count response tokens'
-GROUP_STD = ('divides by the group\'s N-1 standard deviation (+{eps}), ours by the '
-             'population one (+1e-6): its advantages are ours times sqrt((G-1)/G)')
+GROUP_STD = ('divides by the group\'s K-1 standard deviation (+{eps}), ours by the '
+             'population one (+1e-6): its advantages are ours times sqrt((K-1)/K)')
 
 
 class Translation(typing.NamedTuple):

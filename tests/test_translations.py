@@ -144,7 +144,7 @@ def test_verl_differences_we_cannot_switch_off_are_reported():
 
 def test_group_std_difference_is_reported_with_its_factor():
     for translate in (arl.to_trl, arl.to_verl, arl.to_openrlhf):
-        assert 'sqrt((G-1)/G)' in translate(arl.RLConfig()).caveats['adv_mode']
+        assert 'sqrt((K-1)/K)' in translate(arl.RLConfig()).caveats['adv_mode']
 
 
 def test_to_trl_shares_the_batch_out_over_processes():
