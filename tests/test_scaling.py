@@ -408,7 +408,7 @@ def test_dropped_and_caveats_are_two_separate_lists_of_fields(translate):
 
 def test_each_difference_is_filed_as_dropped_or_as_a_caveat():
     grpo, rloo = arl.RLConfig(), arl.RLConfig(adv_mode='rloo')
-    assert 'N-1' in arl.to_trl(grpo).caveats['adv_mode']          # carried: scale_rewards
+    assert 'K-1' in arl.to_trl(grpo).caveats['adv_mode']          # carried: scale_rewards
     assert 'leave-one-out' in arl.to_trl(rloo).dropped['adv_mode']   # no option at all
     on_verl = arl.to_verl(grpo)
     assert {'seed', 'clip_low', 'adv_mode'} <= set(on_verl.caveats)

@@ -153,7 +153,7 @@ def test_to_trl_builds_a_grpo_config_with_our_values():
     assert trl_cfg.scale_rewards == 'group' and trl_cfg.beta == 0.0
     assert trl_cfg.generation_batch_size == cfg.prompts_per_step * cfg.group_size
     assert set(dropped) == set(arl.ENVIRONMENT_FIELDS)
-    assert set(caveats) == {'adv_mode', 'minibatches', 'epochs'}   # N-1 std, reuse
+    assert set(caveats) == {'adv_mode', 'minibatches', 'epochs'}   # K-1 std, reuse
 
 
 def test_to_trl_builds_trls_cispo_config():
