@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import agentrl as arl
 
 
-# float64 keeps recorded outputs identical across CPUs (see Chapter 1)
+# float64 keeps untrained outputs identical across CPU kinds (see Chapter 1)
 DTYPE = torch.float64
 MAX_CALL_TOKENS = 3       # a call is at most 3 policy tokens: 'edit fix_init <end>'
 SPECIALS = ('<pad>', '<unk>', '<turn>', '<end>')
